@@ -1,0 +1,213 @@
+"""The stateless executor: each block is written to a file and run in a fresh process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._budget import StreamDecoder, TextBudget
+from ._errors import InvalidBlock
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from .backends.base import CommandBackend
+from .backends.local_command import LocalCommand
+
+_EXTENSIONS = {"python": ".py", "shell": ".sh", "powershell": ".ps1"}
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+
+# Set for every stateless run so output streams as it is made and plots never try a display.
+_BASE_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg"}
+
+
+class AsyncCommandLineExecutor(AsyncExecutor):
+    """Runs each block in a new process (stateless): nothing survives from block to block."""
+
+    kind = "command"
+
+    def __init__(
+        self,
+        backend: CommandBackend | None = None,
+        *,
+        python: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> None:
+        if backend is not None and python is not None:
+            raise ValueError("give either backend= or python=, not both")
+        self.backend = backend or LocalCommand(python=python)
+        super().__init__(**options)
+        # The environment is read now, when the executor is built, never at import.
+        self._env = {**os.environ, **_BASE_ENV, **self.options.env}
+
+    @property
+    def supported_languages(self) -> tuple[str, ...]:
+        return tuple(self.backend.supported_languages())
+
+    async def _start(self) -> None:
+        await self.backend.start(self.work_dir)
+
+    async def _restart(self) -> None:
+        await self.backend.restart()
+
+    async def _close(self) -> None:
+        await self.backend.close()
+
+    async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        code_path = self._write_code(block)
+        rel = code_path.relative_to(self.work_dir).as_posix()
+        argv = self.backend.argv_for(block.language, rel)
+        if argv is None:  # supported_languages said yes, the back end says no
+            raise InvalidBlock(f"unsupported language: {block.language}")
+        capture = _Capture(self, block.index)
+        try:
+            outcome = await self.backend.run(
+                argv,
+                work_dir=self.work_dir,
+                env=self._env,
+                timeout=timeout,
+                on_stdout=capture.stdout,
+                on_stderr=capture.stderr,
+            )
+        finally:
+            capture.close()
+            if self.options.cleanup_code_files and block.target is None:
+                code_path.unlink(missing_ok=True)
+        return capture.result(block, outcome.exit_code, outcome.timed_out, timeout, code_path)
+
+    def _write_code(self, block: PreparedBlock) -> Path:
+        if block.target is not None:
+            path = block.target
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            digest = hashlib.sha256(block.code.encode()).hexdigest()[:16]
+            path = self.work_dir / f"tmp_code_{digest}{_EXTENSIONS[block.language]}"
+        path.write_text(block.code, encoding="utf-8")
+        return path
+
+
+class _Capture:
+    """Bounded capture of one block's stdout and stderr, in arrival order."""
+
+    def __init__(self, executor: AsyncCommandLineExecutor, index: int) -> None:
+        limit = executor.options.output_limit
+        spill = executor._internal_path("output", f"block-{index}.txt")
+        self._executor = executor
+        self.combined = TextBudget(limit, spill_path=spill)
+        self.out = TextBudget(limit)
+        self.err = TextBudget(limit)
+        self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+
+    def stdout(self, data: bytes) -> None:
+        self._feed("stdout", self._decoders["stdout"].feed(data))
+
+    def stderr(self, data: bytes) -> None:
+        self._feed("stderr", self._decoders["stderr"].feed(data))
+
+    def _feed(self, name: str, text: str) -> None:
+        if not text:
+            return
+        (self.out if name == "stdout" else self.err).write(text)
+        self.combined.write(text)
+        self._executor._emit({"output_type": "stream", "name": name, "text": text})
+
+    def close(self) -> None:
+        for name, decoder in self._decoders.items():
+            self._feed(name, decoder.finish())
+        self.combined.close()
+
+    def result(
+        self,
+        block: PreparedBlock,
+        exit_code: int | None,
+        timed_out: bool,
+        timeout: float,
+        code_path: Path,
+    ) -> ExecutionResult:
+        output = self.combined.text()
+        stdout, stderr = self.out.text(), self.err.text()
+        error: ErrorInfo | None = None
+        if timed_out:
+            note = f"Timeout: the block ran longer than {timeout:g} s and was killed."
+            output = f"{output.rstrip()}\n{note}" if output.strip() else note
+            exit_code = EXIT_TIMEOUT
+            error = ErrorInfo(ename="Timeout", evalue=note)
+        elif exit_code is not None and exit_code < 0:
+            name = signal.Signals(-exit_code).name if -exit_code in _SIGNALS else str(-exit_code)
+            note = f"The process was killed by signal {name}."
+            output = f"{output.rstrip()}\n{note}" if output.strip() else note
+            exit_code = 128 - exit_code
+            error = ErrorInfo(ename="Killed", evalue=note)
+        elif exit_code:
+            error = _error_from_stderr(stderr, block.language, exit_code)
+        outputs: list[NbOutput] = []
+        for name, text in (("stdout", stdout), ("stderr", stderr)):
+            if text:
+                outputs.append({"output_type": "stream", "name": name, "text": text})
+        if error is not None:
+            outputs.append(
+                {
+                    "output_type": "error",
+                    "ename": error.ename,
+                    "evalue": error.evalue,
+                    "traceback": list(error.traceback),
+                }
+            )
+        return ExecutionResult(
+            exit_code=EXIT_OK if exit_code is None else exit_code,
+            output=output,
+            stdout=stdout,
+            stderr=stderr,
+            error=error,
+            outputs=outputs,
+            code_file=str(code_path),
+            timed_out=timed_out,
+            truncated=self.combined.truncated,
+            language=block.language,
+            full_output_file=self.combined.spilled_to,
+        )
+
+
+_SIGNALS = {s.value for s in signal.Signals}
+
+
+def _error_from_stderr(stderr: str, language: str, exit_code: int) -> ErrorInfo:
+    """Best effort: a Python traceback's last line names the exception."""
+    lines = stderr.rstrip().splitlines()
+    if language == "python" and lines and lines[0].startswith("Traceback"):
+        match = _EXCEPTION_LINE.match(lines[-1])
+        if match:
+            return ErrorInfo(ename=match[1], evalue=match[2] or "", traceback=lines)
+    return ErrorInfo(ename="NonZeroExit", evalue=f"exit status {exit_code}", traceback=lines[-20:])
+
+
+class CommandLineExecutor(SyncExecutor[AsyncCommandLineExecutor]):
+    """Synchronous stateless executor: each block runs in a fresh process.
+
+    >>> with CommandLineExecutor(timeout=10) as ex:
+    ...     ex.execute("print(1)").output
+    '1\\n'
+    """
+
+    def __init__(
+        self,
+        backend: CommandBackend | None = None,
+        *,
+        python: str | os.PathLike[str] | None = None,
+        work_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            AsyncCommandLineExecutor(
+                backend, python=python, work_dir=work_dir, timeout=timeout, env=env, **options
+            )
+        )
+
+    @property
+    def backend(self) -> CommandBackend:
+        return self.aio.backend

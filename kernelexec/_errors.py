@@ -1,0 +1,95 @@
+"""The exceptions kernelexec raises.
+
+User code failing is never an exception: it is an ``ExecutionResult`` with a non-zero exit code.
+These are raised when kernelexec itself cannot do its job. Each also subclasses a built-in, so
+callers can catch broadly::
+
+    KernelExecError
+    ├── BackendUnavailable          + RuntimeError
+    │   ├── DockerUnavailable           no engine answers
+    │   ├── ImageNotFound               the kernel image is not built
+    │   └── GatewayUnavailable          a remote gateway is down or failing
+    │       └── GatewayAuthError            wrong or missing token
+    ├── KernelStartFailed           + RuntimeError
+    ├── KernelDied                  + RuntimeError   (only when auto-restart is off)
+    ├── ExecutorClosed              + RuntimeError
+    ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
+    ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
+    ├── SessionError                + RuntimeError
+    │   ├── SessionLimitReached
+    │   ├── SessionNotFound             unknown or culled session
+    │   └── PoolExhausted               more kernels asked for than the pool's maximum
+    └── ExecutionTimeout            + TimeoutError   (an infrastructure wait ran out, not user code)
+
+Errors from jupyter_client, zmq, docker and HTTP clients are translated where they are caught,
+with ``raise ... from`` so the original stays attached.
+"""
+
+from __future__ import annotations
+
+
+class KernelExecError(Exception):
+    """Base of every exception kernelexec raises."""
+
+
+class BackendUnavailable(KernelExecError, RuntimeError):
+    """A back end (Docker engine, gateway, interpreter) cannot be reached or used."""
+
+
+class DockerUnavailable(BackendUnavailable):
+    """No Docker engine answers."""
+
+
+class ImageNotFound(BackendUnavailable):
+    """The container image is not present locally."""
+
+
+class GatewayUnavailable(BackendUnavailable):
+    """A Kernel Gateway / Enterprise Gateway / Jupyter Server is down or answers with errors."""
+
+
+class GatewayAuthError(GatewayUnavailable):
+    """The gateway refused the token."""
+
+
+class KernelStartFailed(KernelExecError, RuntimeError):
+    """A kernel (or its container) did not start or never answered."""
+
+
+class KernelDied(KernelExecError, RuntimeError):
+    """The kernel died and the executor was told not to restart it."""
+
+
+class ExecutorClosed(KernelExecError, RuntimeError):
+    """The executor was used after ``close()``."""
+
+
+class InvalidBlock(KernelExecError, ValueError):
+    """A code block cannot be run as given (bad ``# filename:``, unsupported language)."""
+
+
+class NotebookError(KernelExecError, ValueError):
+    """A notebook cannot be read or run (corrupt file, kernelspec not installed)."""
+
+
+class SessionError(KernelExecError, RuntimeError):
+    """Base for pool and session-manager errors."""
+
+
+class SessionLimitReached(SessionError):
+    """The session manager already holds its maximum number of sessions."""
+
+
+class SessionNotFound(SessionError, KeyError):
+    """No such session (never created, closed, or culled for being idle)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "session not found"
+
+
+class PoolExhausted(SessionError):
+    """The kernel pool is at its maximum size and has no kernel to give."""
+
+
+class ExecutionTimeout(KernelExecError, TimeoutError):
+    """An infrastructure wait (kernel start, shutdown, engine call) ran out of time."""

@@ -1,0 +1,406 @@
+"""What every executor shares: block validation, the work dir, artifacts, ordering, sync front.
+
+``AsyncExecutor`` is the async core. A concrete executor implements ``_start``, ``_run_block``,
+``_restart`` and ``_close``; everything users call (``execute``, ``execute_code_blocks``,
+``execute_message``, ``restart``, ``close``, context managers) lives here once, so the stateless
+and stateful executors cannot drift apart. ``SyncExecutor`` is the typed synchronous twin that
+drives a core through a private event-loop thread (see ``_sync``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ._budget import DEFAULT_OUTPUT_LIMIT
+from ._errors import ExecutorClosed, InvalidBlock
+from ._extract import MarkdownCodeExtractor, normalize_language
+from ._sync import Portal, close_on_collect
+from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
+from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
+
+OutputCallback = Callable[[NbOutput], None]
+"""Receives each output (an nbformat v4 output dict) as it arrives."""
+
+NO_BLOCKS_MESSAGE = "No code blocks found in the message; nothing was run."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorOptions:
+    """Settings shared by every executor (read once, when the executor is built)."""
+
+    timeout: float = 60.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    cleanup_code_files: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedBlock:
+    """A validated block: canonical language, and the file it must be saved to, if any."""
+
+    code: str
+    language: str
+    index: int
+    target: Path | None  # from a first-line ``# filename:``; None means "name it yourself"
+
+
+def error_result(message: str, *, language: str, ename: str = "InvalidBlock") -> ExecutionResult:
+    """A result for a block that was refused before running."""
+    return ExecutionResult(
+        exit_code=EXIT_ERROR,
+        output=message,
+        stderr=message,
+        error=ErrorInfo(ename=ename, evalue=message),
+        outputs=[{"output_type": "error", "ename": ename, "evalue": message, "traceback": []}],
+        language=language,
+    )
+
+
+def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
+    """One result for a list of blocks run in order (the last one decides the exit code)."""
+    if not results:
+        return ExecutionResult(exit_code=EXIT_OK, output=NO_BLOCKS_MESSAGE)
+    if len(results) == 1:
+        return results[0]
+    last = results[-1]
+    files: list[Path] = []
+    for r in results:
+        files.extend(f for f in r.files if f not in files)
+    return ExecutionResult(
+        exit_code=last.exit_code,
+        output="\n".join(r.output for r in results if r.output),
+        stdout="".join(r.stdout for r in results),
+        stderr="".join(r.stderr for r in results),
+        error=next((r.error for r in results if r.error is not None), None),
+        outputs=[o for r in results for o in r.outputs],
+        files=files,
+        code_file=last.code_file,
+        timed_out=any(r.timed_out for r in results),
+        truncated=any(r.truncated for r in results),
+        duration_s=sum(r.duration_s for r in results),
+        language=last.language,
+        kernel_died=any(r.kernel_died for r in results),
+        state_lost=any(r.state_lost for r in results),
+        full_output_file=next(
+            (r.full_output_file for r in results if r.full_output_file is not None), None
+        ),
+        execution_count=last.execution_count,
+        block_results=list(results),
+    )
+
+
+class AsyncExecutor(ABC):
+    """The async core every executor shares."""
+
+    #: ``"command"`` or ``"kernel"``; recorded in results' notebooks and benchmarks
+    kind: ClassVar[str] = "executor"
+
+    def __init__(
+        self,
+        *,
+        work_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        cleanup_code_files: bool = False,
+        on_output: OutputCallback | None = None,
+        code_extractor: MarkdownCodeExtractor | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.options = ExecutorOptions(
+            timeout=float(timeout),
+            env=dict(env or {}),
+            output_limit=output_limit,
+            cleanup_code_files=cleanup_code_files,
+        )
+        self._owns_work_dir = work_dir is None
+        if work_dir is None:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="kernelexec-"))
+        else:
+            self._work_dir = Path(work_dir).absolute()
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+        self.on_output = on_output
+        self.code_extractor = code_extractor or MarkdownCodeExtractor()
+        self._lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+        self._block_count = 0
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def work_dir(self) -> Path:
+        return self._work_dir
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    @abstractmethod
+    def supported_languages(self) -> tuple[str, ...]:
+        """Canonical names of the languages this executor runs."""
+
+    async def start(self) -> None:
+        """Start the back end (a kernel, a container). Called for you on first use."""
+        self._check_open()
+        async with self._lock:
+            await self._ensure_started()
+
+    async def execute(
+        self, code: str, language: str = "python", *, timeout: float | None = None
+    ) -> ExecutionResult:
+        """Run one block of code."""
+        return await self.execute_block(CodeBlock(code=code, language=language), timeout=timeout)
+
+    async def execute_block(
+        self, block: CodeBlock, *, timeout: float | None = None
+    ) -> ExecutionResult:
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            prepared = self._prepare(block)
+            if isinstance(prepared, ExecutionResult):
+                return prepared
+            await self._ensure_started()
+            return await self._run_and_observe(prepared, timeout or self.options.timeout)
+
+    async def execute_code_blocks(
+        self, code_blocks: Sequence[Any], *, timeout: float | None = None
+    ) -> ExecutionResult:
+        """Run blocks in order; stop at the first that fails. Accepts AG2/AutoGen blocks too."""
+        results: list[ExecutionResult] = []
+        for raw in code_blocks:
+            block = CodeBlock(code=raw.code, language=getattr(raw, "language", "python") or "")
+            result = await self.execute_block(block, timeout=timeout)
+            results.append(result)
+            if result.exit_code != EXIT_OK:
+                break
+        return combine_results(results)
+
+    async def execute_message(
+        self, message: Any, *, timeout: float | None = None
+    ) -> ExecutionResult:
+        """Extract the fenced code blocks of a markdown message and run them."""
+        blocks = self.code_extractor.extract_code_blocks(message)
+        return await self.execute_code_blocks(blocks, timeout=timeout)
+
+    async def restart(self) -> None:
+        """Start afresh: for a kernel, a new kernel (all state is lost)."""
+        self._check_open()
+        async with self._lock:
+            if self._started:
+                await self._restart()
+            else:
+                await self._ensure_started()
+
+    async def close(self) -> None:
+        """Stop the back end and remove what this executor created. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            try:
+                if self._started:
+                    await self._close()
+            finally:
+                self._started = False
+                if self._owns_work_dir:
+                    shutil.rmtree(self._work_dir, ignore_errors=True)
+
+    async def __aenter__(self: _A) -> _A:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- for subclasses -----------------------------------------------------------------------
+    @abstractmethod
+    async def _start(self) -> None:
+        """Start the back end."""
+
+    @abstractmethod
+    async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        """Run one validated block; ``files`` and ``duration_s`` are filled in by the caller."""
+
+    @abstractmethod
+    async def _restart(self) -> None:
+        """Restart the back end."""
+
+    @abstractmethod
+    async def _close(self) -> None:
+        """Stop the back end."""
+
+    def _internal_path(self, *parts: str) -> Path:
+        """A path under the work dir's ``.kernelexec/`` folder (kernelexec's own files)."""
+        return self._work_dir.joinpath(INTERNAL_DIR, *parts)
+
+    def _emit(self, output: NbOutput) -> None:
+        if self.on_output is not None:
+            self.on_output(output)
+
+    def _after_block(self, block: PreparedBlock, result: ExecutionResult) -> None:  # noqa: B027
+        """Called with every finished block's result (the session notebook records it)."""
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ExecutorClosed(f"{type(self).__name__} is closed")
+
+    async def _ensure_started(self) -> None:
+        if not self._started:
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+            await self._start()
+            self._started = True
+
+    def _prepare(self, block: CodeBlock) -> PreparedBlock | ExecutionResult:
+        language = normalize_language(block.language) if block.language else ""
+        if not language:
+            return error_result(
+                "Not run: the block has no language tag and is not valid Python.",
+                language="",
+                ename="UnknownLanguage",
+            )
+        if language not in self.supported_languages:
+            supported = ", ".join(self.supported_languages)
+            return error_result(
+                f"unsupported language: {block.language} (this executor runs: {supported})",
+                language=language,
+                ename="UnsupportedLanguage",
+            )
+        target = None
+        name = filename_from_code(block.code)
+        if name is not None:
+            try:
+                target = resolve_inside(self._work_dir, name)
+            except InvalidBlock as exc:
+                return error_result(f"Block refused: {exc}", language=language)
+        self._block_count += 1
+        return PreparedBlock(
+            code=block.code, language=language, index=self._block_count, target=target
+        )
+
+    async def _run_and_observe(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        before = await asyncio.to_thread(Snapshot.take, self._work_dir)
+        started = time.perf_counter()
+        result = await self._run_block(block, timeout)
+        duration = time.perf_counter() - started
+        after = await asyncio.to_thread(Snapshot.take, self._work_dir)
+        skip = {result.code_file} if result.code_file else set()
+        changed = [
+            self._work_dir / rel
+            for rel in after.changed_since(before)
+            if str(self._work_dir / rel) not in skip
+        ]
+        listed = list(result.files) + [p for p in changed if p not in result.files]
+        result = result.with_changes(files=listed, duration_s=duration)
+        self._after_block(block, result)
+        return result
+
+
+_A = TypeVar("_A", bound=AsyncExecutor)
+_T = TypeVar("_T")
+
+
+class SyncExecutor(Generic[_A]):
+    """The synchronous twin of an async executor; safe to use inside a running event loop."""
+
+    def __init__(self, core: _A) -> None:
+        self._portal = Portal(name=f"kernelexec-{type(core).__name__}")
+        self._core = core
+        self._finalizer = close_on_collect(self, self._portal, core.close)
+
+    @property
+    def aio(self) -> _A:
+        """The async core (for callers that have an event loop of their own)."""
+        return self._core
+
+    @property
+    def work_dir(self) -> Path:
+        return self._core.work_dir
+
+    @property
+    def timeout(self) -> float:
+        return self._core.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def code_extractor(self) -> MarkdownCodeExtractor:
+        return self._core.code_extractor
+
+    @property
+    def supported_languages(self) -> tuple[str, ...]:
+        return self._core.supported_languages
+
+    def start(self) -> None:
+        self._call(self._core.start)
+
+    def execute(
+        self, code: str, language: str = "python", *, timeout: float | None = None
+    ) -> ExecutionResult:
+        return self._call(self._core.execute, code, language, timeout=timeout)
+
+    def execute_block(self, block: CodeBlock, *, timeout: float | None = None) -> ExecutionResult:
+        return self._call(self._core.execute_block, block, timeout=timeout)
+
+    def execute_code_blocks(
+        self, code_blocks: Sequence[Any], *, timeout: float | None = None
+    ) -> ExecutionResult:
+        return self._call(self._core.execute_code_blocks, code_blocks, timeout=timeout)
+
+    def execute_message(self, message: Any, *, timeout: float | None = None) -> ExecutionResult:
+        return self._call(self._core.execute_message, message, timeout=timeout)
+
+    def restart(self) -> None:
+        self._call(self._core.restart)
+
+    def close(self) -> None:
+        """Close the core and stop the event-loop thread. Safe to call twice."""
+        self._finalizer()
+
+    def __enter__(self: _S) -> _S:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, func: Callable[..., Awaitable[_T]], /, *args: Any, **kwargs: Any) -> _T:
+        if not self._portal.running:
+            raise ExecutorClosed(f"{type(self).__name__} is closed")
+        return self._portal.call(func, *args, **kwargs)
+
+
+_S = TypeVar("_S", bound=SyncExecutor[Any])

@@ -1,0 +1,151 @@
+"""The result model shared by every executor.
+
+``CodeBlock`` goes in, ``ExecutionResult`` comes out. ``ExecutionResult.outputs`` holds nbformat v4
+output dicts: the one output model. ``output`` (the text an LLM reads), ``files`` and the session
+notebook are views of it.
+
+The field names AG2 / AutoGen consumers read (``exit_code``, ``output``, ``code_file``,
+``output_files``) are all present, so a result can be handed to them as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# AutoGen's convention: 0 success, 1 error, 124 timeout.
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_TIMEOUT = 124
+
+NbOutput = dict[str, Any]
+"""One nbformat v4 output (``stream``, ``display_data``, ``execute_result`` or ``error``)."""
+
+
+@dataclass(frozen=True)
+class CodeBlock:
+    """A block of code and the language it is written in (as tagged in the message)."""
+
+    code: str
+    language: str = "python"
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An error raised by user code (not by kernelexec itself)."""
+
+    ename: str
+    evalue: str
+    traceback: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionResult:
+    """What running one block (or a list of blocks) produced.
+
+    ``exit_code`` is 0 on success, 1 when the code failed, 124 when it timed out; a stateless
+    process may also report its own non-zero status.
+    """
+
+    exit_code: int
+    output: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    error: ErrorInfo | None = None
+    outputs: list[NbOutput] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    code_file: str | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    language: str = "python"
+    kernel_died: bool = False
+    state_lost: bool = False
+    full_output_file: Path | None = None
+    execution_count: int | None = None
+    block_results: list[ExecutionResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    @property
+    def output_files(self) -> list[str]:
+        """AG2's name for the artifacts: their paths as strings."""
+        return [str(p) for p in self.files]
+
+    @property
+    def exitcode(self) -> int:
+        """AutoGen 0.2's spelling of ``exit_code``."""
+        return self.exit_code
+
+    def to_reply(self) -> str:
+        """The AutoGen-style reply an executor agent sends back to the writer."""
+        status = "execution succeeded" if self.ok else "execution failed"
+        if self.timed_out:
+            status = "execution timed out"
+        return f"exitcode: {self.exit_code} ({status})\nCode output: {self.output}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (``--json`` on the command line)."""
+        return {
+            "exit_code": self.exit_code,
+            "output": self.output,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "error": None
+            if self.error is None
+            else {
+                "ename": self.error.ename,
+                "evalue": self.error.evalue,
+                "traceback": list(self.error.traceback),
+            },
+            "outputs": self.outputs,
+            "files": self.output_files,
+            "code_file": self.code_file,
+            "timed_out": self.timed_out,
+            "truncated": self.truncated,
+            "duration_s": round(self.duration_s, 6),
+            "language": self.language,
+            "kernel_died": self.kernel_died,
+            "state_lost": self.state_lost,
+            "full_output_file": None
+            if self.full_output_file is None
+            else str(self.full_output_file),
+        }
+
+    def with_changes(self, **changes: Any) -> ExecutionResult:
+        return replace(self, **changes)
+
+    # Rich display when a result is shown in a host notebook.
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.to_reply(), "text/html": self._repr_html_()}
+
+    def _repr_html_(self) -> str:
+        colour = "#2e7d32" if self.ok else "#c62828"
+        parts = [
+            f'<div><b style="color:{colour}">exit code {self.exit_code}</b>'
+            f" <small>({self.duration_s:.3f} s)</small>",
+            f"<pre>{html.escape(self.output)}</pre>",
+        ]
+        for out in self.outputs:
+            data = out.get("data", {})
+            for mime in ("image/png", "image/jpeg", "image/gif"):
+                if mime in data:
+                    payload = data[mime]
+                    if isinstance(payload, bytes):
+                        payload = base64.b64encode(payload).decode()
+                    parts.append(f'<img src="data:{mime};base64,{payload}"/>')
+                    break
+            else:
+                if "image/svg+xml" in data:
+                    svg = data["image/svg+xml"]
+                    parts.append(svg if isinstance(svg, str) else "".join(svg))
+        parts.append("</div>")
+        return "\n".join(parts)

@@ -1,0 +1,84 @@
+"""The work dir: safe paths inside it, and which files a block created or changed."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import InvalidBlock
+
+#: kernelexec's own files (spilled output, saved notebooks' scratch) live here
+INTERNAL_DIR = ".kernelexec"
+
+# The literal prefix is required: any other first-line comment is just a comment.
+_FILENAME_RE = re.compile(r"^\s*(?:#|//|--|%|;|rem\s)\s*filename:\s*(\S.*?)\s*$", re.IGNORECASE)
+
+# Walking a huge work dir on every block would cost more than the block; past this many
+# entries the scan stops and changes beyond it are not reported.
+MAX_SCAN_ENTRIES = 20_000
+
+
+def filename_from_code(code: str) -> str | None:
+    """The path named by a first line ``# filename: path``, if there is one."""
+    first = code.lstrip("\n").split("\n", 1)[0]
+    match = _FILENAME_RE.match(first)
+    return match.group(1) if match else None
+
+
+def resolve_inside(work_dir: Path, relative: str) -> Path:
+    """Resolve ``relative`` under ``work_dir``; refuse anything that lands outside it.
+
+    Symlinks are resolved, so a link inside the work dir pointing out of it is refused too.
+    """
+    if not relative or "\x00" in relative:
+        raise InvalidBlock(f"invalid filename: {relative!r}")
+    if os.path.isabs(relative) or relative.startswith("~"):
+        raise InvalidBlock(f"filename must be relative to the work dir: {relative}")
+    root = work_dir.resolve()
+    target = (root / relative).resolve()
+    if target != root and root not in target.parents:
+        raise InvalidBlock(f"filename escapes the work dir: {relative}")
+    if target == root:
+        raise InvalidBlock(f"filename names the work dir itself: {relative}")
+    return target
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """(mtime_ns, size) of every file under the work dir, skipping kernelexec's own."""
+
+    entries: dict[str, tuple[int, int]]
+
+    @classmethod
+    def take(cls, root: Path, *, skip: Iterable[str] = ()) -> Snapshot:
+        skipped = {INTERNAL_DIR, *skip}
+        entries: dict[str, tuple[int, int]] = {}
+        stack = [root]
+        while stack and len(entries) < MAX_SCAN_ENTRIES:
+            current = stack.pop()
+            try:
+                with os.scandir(current) as it:
+                    for entry in it:
+                        rel = os.path.relpath(entry.path, root)
+                        if rel in skipped or entry.name == "__pycache__":
+                            continue
+                        try:
+                            if entry.is_dir(follow_symlinks=False):
+                                stack.append(Path(entry.path))
+                            elif entry.is_file(follow_symlinks=False):
+                                st = entry.stat(follow_symlinks=False)
+                                entries[rel] = (st.st_mtime_ns, st.st_size)
+                        except OSError:
+                            continue
+            except OSError:
+                continue  # deleted or unreadable while we walked: nothing to report there
+        return cls(entries)
+
+    def changed_since(self, before: Snapshot) -> list[str]:
+        """Relative paths that are new or whose mtime/size differ, sorted."""
+        return sorted(
+            rel for rel, stamp in self.entries.items() if before.entries.get(rel) != stamp
+        )

@@ -1,0 +1,141 @@
+"""The small async bases every back end implements.
+
+Two families, one per executor:
+
+* ``CommandBackend`` runs one command per block (stateless): a local process, or an exec in a
+  container. The executor writes the block to a file in the work dir first; the back end only
+  runs an argv and pumps its bytes to the sinks it is given.
+* ``KernelBackend`` owns a kernel's life (start, interrupt, restart, shutdown, liveness) and hands
+  out a client that speaks the Jupyter messaging protocol. Like jupyter_client's provisioners it
+  is the seam between "where the kernel runs" and "how we talk to it".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+ByteSink = Callable[[bytes], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandOutcome:
+    """How a command ended. ``exit_code`` is None when it was killed for the timeout."""
+
+    exit_code: int | None
+    timed_out: bool = False
+    killed_reason: str | None = None
+
+
+class CommandBackend(ABC):
+    """Runs one command per block and reports how it ended."""
+
+    #: short name used in results, notebooks and benchmarks, e.g. ``"local-command"``
+    kind: str = "command"
+
+    @property
+    def workspace(self) -> str | None:
+        """The work dir as the command sees it (None: the host path itself)."""
+        return None
+
+    @abstractmethod
+    def argv_for(self, language: str, code_path: str) -> list[str] | None:
+        """The argv that runs ``code_path`` (relative to the work dir), or None if unsupported."""
+
+    @abstractmethod
+    def supported_languages(self) -> Sequence[str]:
+        """Canonical language names this back end can run."""
+
+    async def start(self, work_dir: Path) -> None:  # noqa: B027 - optional hook
+        """Prepare to run commands in ``work_dir`` (start a container, check an interpreter)."""
+
+    @abstractmethod
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        work_dir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> CommandOutcome:
+        """Run ``argv`` in ``work_dir`` and return when it ended or was killed for the timeout.
+
+        Implementations must kill every process the command started when the timeout expires
+        (not only the direct child) and must never wait for a killed child's descendants.
+        """
+
+    async def restart(self) -> None:  # noqa: B027 - optional hook
+        """Drop any state kept between commands (e.g. recreate a container)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what ``start`` created."""
+
+
+class KernelClientLike(Protocol):
+    """The part of jupyter_client's ``AsyncKernelClient`` the kernel executor uses.
+
+    A remote back end (WebSocket to a gateway) implements the same calls.
+    """
+
+    def execute(
+        self,
+        code: str,
+        silent: bool = ...,
+        store_history: bool = ...,
+        user_expressions: dict[str, Any] | None = ...,
+        allow_stdin: bool | None = ...,
+        stop_on_error: bool = ...,
+    ) -> str: ...
+
+    async def get_iopub_msg(self, timeout: float | None = ...) -> dict[str, Any]: ...
+
+    async def get_shell_msg(self, timeout: float | None = ...) -> dict[str, Any]: ...
+
+    async def get_stdin_msg(self, timeout: float | None = ...) -> dict[str, Any]: ...
+
+    def input(self, string: str) -> None: ...
+
+
+class KernelBackend(ABC):
+    """Owns one kernel at a time and hands out a client connected to it."""
+
+    kind: str = "kernel"
+
+    @property
+    def workspace(self) -> str | None:
+        """The work dir as the kernel sees it (None: the host path itself)."""
+        return None
+
+    @abstractmethod
+    async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        """Start a kernel whose working directory is ``work_dir``; wait until it answers."""
+
+    @property
+    @abstractmethod
+    def client(self) -> KernelClientLike:
+        """A client connected to the current kernel (changes after ``restart``)."""
+
+    @abstractmethod
+    async def interrupt(self) -> None:
+        """Send the kernel an interrupt (SIGINT or an interrupt_request)."""
+
+    @abstractmethod
+    async def restart(self, *, timeout: float) -> None:
+        """Replace the kernel with a fresh one; all state is lost."""
+
+    @abstractmethod
+    async def is_alive(self) -> bool:
+        """Whether the kernel process (or container) is still running."""
+
+    def death_reason(self) -> str | None:
+        """Why the kernel died, when the back end can tell (e.g. ``"out of memory"``)."""
+        return None
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the kernel and release everything ``start`` created. Safe to call twice."""
