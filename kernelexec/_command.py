@@ -12,7 +12,7 @@ from typing import Any
 
 from ._budget import StreamDecoder, TextBudget
 from ._errors import InvalidBlock
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
 from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends.base import CommandBackend
 from .backends.local_command import LocalCommand
@@ -57,7 +57,14 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         await self.backend.close()
 
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
-        code_path = self._write_code(block)
+        try:
+            code_path = self._write_code(block)
+        except OSError as exc:  # e.g. "# filename: data" where data is a directory
+            name = block.target.relative_to(self.work_dir) if block.target else "the code file"
+            return error_result(
+                f"Block refused: cannot write {name}: {exc.strerror or exc}",
+                language=block.language,
+            )
         rel = code_path.relative_to(self.work_dir).as_posix()
         argv = self.backend.argv_for(block.language, rel)
         if argv is None:  # supported_languages said yes, the back end says no
@@ -83,9 +90,10 @@ class AsyncCommandLineExecutor(AsyncExecutor):
             path = block.target
             path.parent.mkdir(parents=True, exist_ok=True)
         else:
-            digest = hashlib.sha256(block.code.encode()).hexdigest()[:16]
+            # surrogatepass: code from JSON may hold lone surrogates; it still gets a stable name
+            digest = hashlib.sha256(block.code.encode("utf-8", "surrogatepass")).hexdigest()[:16]
             path = self.work_dir / f"tmp_code_{digest}{_EXTENSIONS[block.language]}"
-        path.write_text(block.code, encoding="utf-8")
+        path.write_text(block.code, encoding="utf-8", errors="replace")
         return path
 
 

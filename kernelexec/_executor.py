@@ -21,9 +21,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
+from nbformat import NotebookNode
+
 from ._budget import DEFAULT_OUTPUT_LIMIT
 from ._errors import ExecutorClosed, InvalidBlock
 from ._extract import MarkdownCodeExtractor, normalize_language
+from ._notebook import SessionNotebook, executor_label
 from ._sync import Portal, close_on_collect
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
@@ -115,6 +118,7 @@ class AsyncExecutor(ABC):
         cleanup_code_files: bool = False,
         on_output: OutputCallback | None = None,
         code_extractor: MarkdownCodeExtractor | None = None,
+        notebook_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -136,6 +140,8 @@ class AsyncExecutor(ABC):
         self._started = False
         self._closed = False
         self._block_count = 0
+        # Every session is a notebook; with a path it is rewritten after each block.
+        self._notebook = SessionNotebook(path=notebook_path)
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -149,6 +155,15 @@ class AsyncExecutor(ABC):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def notebook(self) -> NotebookNode:
+        """The session so far as an nbformat v4 notebook (a copy; one cell per block run)."""
+        return self._notebook.copy()
+
+    def save_notebook(self, path: str | os.PathLike[str]) -> Path:
+        """Write the session notebook to ``path`` atomically; returns the absolute path."""
+        return self._notebook.save(path)
 
     @property
     @abstractmethod
@@ -205,6 +220,7 @@ class AsyncExecutor(ABC):
         async with self._lock:
             if self._started:
                 await self._restart()
+                self._notebook.record_restart()
             else:
                 await self._ensure_started()
 
@@ -259,8 +275,9 @@ class AsyncExecutor(ABC):
         if self.on_output is not None:
             self.on_output(output)
 
-    def _after_block(self, block: PreparedBlock, result: ExecutionResult) -> None:  # noqa: B027
-        """Called with every finished block's result (the session notebook records it)."""
+    def _after_block(self, block: PreparedBlock, result: ExecutionResult) -> None:
+        """Called with every finished block's result: the session notebook records it."""
+        self._notebook.record(block.code, block.language, result, executor=executor_label(self))
 
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -346,6 +363,15 @@ class SyncExecutor(Generic[_A]):
     @property
     def closed(self) -> bool:
         return self._core.closed
+
+    @property
+    def notebook(self) -> NotebookNode:
+        """The session so far as an nbformat v4 notebook (a copy; one cell per block run)."""
+        return self._core.notebook
+
+    def save_notebook(self, path: str | os.PathLike[str]) -> Path:
+        """Write the session notebook to ``path`` atomically; returns the absolute path."""
+        return self._core.save_notebook(path)
 
     @property
     def code_extractor(self) -> MarkdownCodeExtractor:

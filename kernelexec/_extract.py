@@ -49,6 +49,8 @@ DISPLAY_ONLY = frozenset(
     }
 )  # fmt: skip
 
+# Only LF and CRLF end a line: str.splitlines() would also split code on form feeds, U+2028...
+_LINE_END = re.compile(r"\r?\n")
 _OPEN_RE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
 
@@ -70,14 +72,17 @@ def looks_like_python(code: str) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. SyntaxWarning for invalid escapes
             ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        # MemoryError / RecursionError: CPython's parser gives up on very deep nesting
         return False
     return True
 
 
 def _fences(message: str) -> Iterable[tuple[str, str]]:
     """Yield (info string, content) for each fenced block in ``message``."""
-    lines = message.splitlines()
+    lines = _LINE_END.split(message)
+    if lines[-1] == "":
+        lines.pop()  # the message's final newline ends a line; it does not start one
     i = 0
     while i < len(lines):
         match = _OPEN_RE.match(lines[i])
@@ -87,7 +92,7 @@ def _fences(message: str) -> Iterable[tuple[str, str]]:
         fence, info, indent = match["fence"], match["info"].strip(), len(match["indent"])
         if fence[0] == "`" and "`" in info:
             continue  # CommonMark: a backtick fence's info string holds no backtick
-        close = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}\s*$")
+        close = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
         body: list[str] = []
         while i < len(lines) and not close.match(lines[i]):
             line = lines[i]
@@ -131,6 +136,13 @@ def _content_text(message: Any) -> str:
     if isinstance(message, dict):
         return _content_text(message.get("content"))
     if isinstance(message, list):
-        texts = [part.get("text", "") if isinstance(part, dict) else str(part) for part in message]
-        return "\n".join(texts)
+        return "\n".join(_part_text(part) for part in message)
     return str(message)
+
+
+def _part_text(part: Any) -> str:
+    """The text of one content part; image and other non-text parts contribute nothing."""
+    if isinstance(part, dict):
+        text = part.get("text")
+        return text if isinstance(text, str) else ""
+    return part if isinstance(part, str) else ""

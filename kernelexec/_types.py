@@ -21,6 +21,16 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 124
 
+# Raster formats vision chat APIs accept (SVG is not one of them).
+_IMAGE_SUFFIXES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+}
+_IMAGE_MIMES = frozenset(_IMAGE_SUFFIXES.values())
+
 NbOutput = dict[str, Any]
 """One nbformat v4 output (``stream``, ``display_data``, ``execute_result`` or ``error``)."""
 
@@ -122,6 +132,38 @@ class ExecutionResult:
 
     def with_changes(self, **changes: Any) -> ExecutionResult:
         return replace(self, **changes)
+
+    def image_parts(self, *, detail: str | None = None) -> list[dict[str, Any]]:
+        """The images this result saved, as chat-API content parts with ``data:`` URLs.
+
+        Image files among ``files`` come first; images shown inline (``display_data``) follow
+        unless the same bytes were already saved to a file. The parts use the OpenAI
+        ``image_url`` shape, which OpenAI-compatible servers (vLLM, Ollama) accept too.
+        """
+        images: list[tuple[str, bytes]] = []
+        for path in self.files:
+            mime = _IMAGE_SUFFIXES.get(path.suffix.lower())
+            if mime is not None and path.is_file():
+                images.append((mime, path.read_bytes()))
+        for out in self.outputs:
+            for mime, payload in (out.get("data") or {}).items():
+                if mime in _IMAGE_MIMES:
+                    raw = payload if isinstance(payload, bytes) else base64.b64decode(payload)
+                    if all(raw != seen for _, seen in images):
+                        images.append((mime, raw))
+        parts: list[dict[str, Any]] = []
+        for mime, raw in images:
+            image_url: dict[str, str] = {
+                "url": f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
+            }
+            if detail is not None:
+                image_url["detail"] = detail
+            parts.append({"type": "image_url", "image_url": image_url})
+        return parts
+
+    def to_content_parts(self, *, detail: str | None = None) -> list[dict[str, Any]]:
+        """The reply text then its images: a multimodal chat message's ``content``."""
+        return [{"type": "text", "text": self.to_reply()}, *self.image_parts(detail=detail)]
 
     # Rich display when a result is shown in a host notebook.
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,59 @@ def _command_executor(**options: Any) -> SyncExecutor[Any]:
 
 
 EXECUTORS["command"] = _command_executor
+
+
+def _docker_command_executor(**options: Any) -> SyncExecutor[Any]:
+    from ._command import CommandLineExecutor
+    from .backends.docker_command import DockerCommand
+
+    return CommandLineExecutor(backend=DockerCommand(), **options)
+
+
+def _docker_kernel_executor(**options: Any) -> SyncExecutor[Any]:
+    from ._kernel import KernelExecutor
+    from .backends.docker_kernel import DockerKernel
+
+    return KernelExecutor(backend=DockerKernel(), **options)
+
+
+EXECUTORS["docker-command"] = _docker_command_executor
+EXECUTORS["docker-kernel"] = _docker_kernel_executor
+
+
+def _kernel_executor(**options: Any) -> SyncExecutor[Any]:
+    from ._kernel import KernelExecutor
+
+    return KernelExecutor(**options)
+
+
+EXECUTORS["kernel"] = _kernel_executor
+
+
+def _gateway_executor(
+    *, url: str, token: str | None = None, user: str | None = None, **options: Any
+) -> SyncExecutor[Any]:
+    from ._kernel import KernelExecutor
+    from .backends.gateway_kernel import GatewayKernel
+
+    return KernelExecutor(backend=GatewayKernel(url, token=token, username=user), **options)
+
+
+EXECUTORS["gateway"] = _gateway_executor
+
+
+def _remote(args: argparse.Namespace) -> dict[str, Any]:
+    """``--remote URL``: the blocks run on a kernel of that gateway (the ``gateway`` executor)."""
+    if not getattr(args, "remote", None):
+        return {}
+    if args.executor not in {DEFAULT_EXECUTOR, "gateway"}:
+        raise SystemExit("kernelexec: --remote runs a gateway kernel; drop --executor")
+    args.executor = "gateway"
+    return {"url": args.remote, "token": args.token, "user": args.remote_user}
+
+
+#: what ``--executor`` means when not given: the embedded default, a local kernel
+DEFAULT_EXECUTOR = "kernel"
 
 
 def make_executor(name: str, **options: Any) -> SyncExecutor[Any]:
@@ -67,11 +122,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         text, name = path.read_text(encoding="utf-8", errors="replace"), args.file
     blocks = blocks_from_source(text, name)
-    options: dict[str, Any] = {"timeout": args.timeout}
-    if args.work_dir:
-        options["work_dir"] = args.work_dir
-    with make_executor(args.executor, **options) as executor:
-        result = executor.execute_code_blocks(blocks)
+    # Without --work-dir, run in a fresh temp dir that is kept only if the blocks left files
+    # there: the result names them, so they must still exist when the command returns.
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="kernelexec-run-")
+    result: ExecutionResult | None = None
+    try:
+        remote = _remote(args)
+        with make_executor(
+            args.executor, timeout=args.timeout, work_dir=work_dir, **remote
+        ) as executor:
+            result = executor.execute_code_blocks(blocks)
+    finally:
+        if not args.work_dir and (result is None or not result.files):
+            shutil.rmtree(work_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -88,9 +151,138 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_executor_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--executor", default="command", help="which executor runs the blocks")
+    parser.add_argument(
+        "--executor",
+        default=DEFAULT_EXECUTOR,
+        help=f"which executor runs the blocks (default: {DEFAULT_EXECUTOR})",
+    )
     parser.add_argument("--work-dir", help="where code runs and files land (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per block")
+    remote = parser.add_argument_group("remote kernels (Kernel / Enterprise Gateway)")
+    remote.add_argument("--remote", metavar="URL", help="run on a kernel of the gateway at URL")
+    remote.add_argument("--token", help="the gateway's token (default: $KERNELEXEC_GATEWAY_TOKEN)")
+    remote.add_argument(
+        "--remote-user", metavar="NAME", help="sent as KERNEL_USERNAME (Enterprise Gateway)"
+    )
+
+
+def cmd_repl(args: argparse.Namespace) -> int:
+    from ._repl import run_repl
+
+    options: dict[str, Any] = {"timeout": args.timeout}
+    if args.work_dir:
+        options["work_dir"] = args.work_dir
+    options.update(_remote(args))
+    with make_executor(args.executor, **options) as executor:
+        return run_repl(
+            executor,
+            sys.stdin,
+            sys.stdout,
+            language=normalize_language(args.language),
+            prompt=sys.stdin.isatty(),
+            separator_only=args.separator_only,
+        )
+
+
+def _add_repl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    repl = sub.add_parser("repl", help="an interactive session that keeps state")
+    _add_executor_options(repl)
+    repl.add_argument("--language", default="python", help="language of every block")
+    repl.add_argument(
+        "--separator-only",
+        action="store_true",
+        help="only a ';;' line runs the code (blank lines stay in the block)",
+    )
+    repl.set_defaults(func=cmd_repl)
+
+
+def cmd_notebook_run(args: argparse.Namespace) -> int:
+    from ._notebook import META_KEY, parse_parameter, run_notebook
+
+    output = args.output or args.notebook  # like nbconvert --inplace when no -o is given
+    parameters = {name: parse_parameter(value) for name, value in args.parameter or []}
+    try:
+        nb = run_notebook(
+            args.notebook,
+            output_path=output,
+            executor=args.executor,
+            timeout=args.timeout,
+            allow_errors=args.allow_errors,
+            parameters=parameters,
+            progress=not args.no_progress,
+            work_dir=args.work_dir,
+        )
+    except ValueError as exc:  # a bad --executor, -p name or --timeout: a usage error
+        print(f"kernelexec: {exc}", file=sys.stderr)
+        return 2
+    status = nb.metadata[META_KEY]
+    if status["status"] == "ok":
+        print(f"Executed {args.notebook} -> {output}")
+        return 0
+    where = f"cell {status['failed_cell']}"
+    print(f"kernelexec: {status['status']} in {where}: {status['error']}", file=sys.stderr)
+    print(f"Partial notebook written to {output}", file=sys.stderr)
+    return min(int(status["exit_code"]), 255)
+
+
+def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    notebook = sub.add_parser("notebook", help="work with Jupyter notebooks")
+    actions = notebook.add_subparsers(dest="notebook_command", required=True)
+    run = actions.add_parser("run", help="execute a notebook's code cells and save the outputs")
+    run.add_argument("notebook", help="the .ipynb to run")
+    run.add_argument("-o", "--output", help="where to write the result (default: in place)")
+    run.add_argument(
+        "--executor",
+        default=None,
+        help="kernel or docker-kernel (default: a local kernel from the notebook's kernelspec)",
+    )
+    run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
+    run.add_argument("--work-dir", help="where the cells run (default: the notebook's folder)")
+    run.add_argument("--allow-errors", action="store_true", help="keep going after a failed cell")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "VALUE"),
+        help="inject NAME = VALUE after the 'parameters' cell (a Python literal, else a string)",
+    )
+    run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    run.set_defaults(func=cmd_notebook_run)
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from ._image import build_image
+
+    build_image(offline=args.offline, tag=args.tag, mirror=args.mirror, force=args.force)
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ._docker import gc
+
+    removed = gc(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(removed)} container(s)" + (": " + " ".join(removed) if removed else ""))
+    return 0
+
+
+def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ._docker import DEFAULT_IMAGE
+
+    image = sub.add_parser("image", help="the Docker image the docker executors use")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help="build the image (skipped when up to date)")
+    build.add_argument(
+        "--offline", action="store_true", help="no registry: debootstrap Debian (needs root)"
+    )
+    build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
+    build.add_argument("--mirror", help="Debian mirror for --offline (default: apt's)")
+    build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    build.set_defaults(func=cmd_image_build)
+    gc = sub.add_parser("gc", help="remove kernelexec containers whose owner process is gone")
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    gc.set_defaults(func=cmd_gc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kernelexec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_repl(sub)
+    _add_notebook(sub)
+    _add_docker(sub)
+    _add_bench(sub)
+    _add_chat(sub)
     return parser
+
+
+def _add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .agent import add_chat_command  # the chat's options live with the agent loop
+
+    add_chat_command(sub, _add_executor_options)
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench.cli import add_parser  # the bench's options live with the bench
+
+    add_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 # Folder name -> marker (each declared in pyproject.toml; --strict-markers is on).
-_TIERS = {"unit", "kernel", "docker", "gateway", "integrations"}
+_TIERS = {"unit", "command", "kernel", "docker", "gateway", "integrations"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,6 @@ from pathlib import Path
 from .._errors import BackendUnavailable
 from .base import ByteSink, CommandBackend, CommandOutcome
 
-_CHUNK = 64 * 1024
 # After the main process ends, how long its pipes may stay open (grandchildren holding them)
 # before the group is killed and reading stops.
 _DRAIN_GRACE = 0.2
@@ -80,58 +80,96 @@ class LocalCommand(CommandBackend):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, proto = await loop.subprocess_exec(
+                lambda: _BlockProtocol(loop, on_stdout, on_stderr),
                 *argv,
                 cwd=work_dir,
                 env=dict(env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        except FileNotFoundError as exc:
-            raise BackendUnavailable(f"cannot run {argv[0]}: {exc.strerror}") from exc
-        assert proc.stdout is not None and proc.stderr is not None
-        readers = [
-            asyncio.create_task(_pump(proc.stdout, on_stdout)),
-            asyncio.create_task(_pump(proc.stderr, on_stderr)),
-        ]
+        except OSError as exc:  # interpreter missing or not executable
+            raise BackendUnavailable(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        pid = transport.get_pid()
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            timed_out = True
-            await self._kill_group(proc)
+            timed_out = not await _settle(proto.exited, timeout)
+            if timed_out:
+                await self._kill_group(pid, proto)
+            # Pipes close when their last holder exits; a child that outlived the block keeps
+            # them open, so wait only briefly before killing the group below.
+            await _settle(proto.pipes_closed, _DRAIN_GRACE)
         finally:
-            # Children that outlived the block (and hold its pipes) die with it.
-            _signal_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 5)
-            await _finish_readers(readers)
+            # Children that outlived the block die with it.
+            _signal_group(pid, signal.SIGKILL)
+            await _settle(proto.pipes_closed, _DRAIN_GRACE)
+            transport.close()
+        proto.raise_sink_error()
         if timed_out:
             return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
-        return CommandOutcome(exit_code=proc.returncode)
+        return CommandOutcome(exit_code=transport.get_returncode())
 
-    async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), self.kill_grace)
-        _signal_group(proc.pid, signal.SIGKILL)
+    async def _kill_group(self, pid: int, proto: _BlockProtocol) -> None:
+        _signal_group(pid, signal.SIGTERM)
+        await _settle(proto.exited, self.kill_grace)
+        _signal_group(pid, signal.SIGKILL)
+        await _settle(proto.exited, 5)
+
+
+class _BlockProtocol(asyncio.SubprocessProtocol):
+    """Feeds the pipes' bytes to the sinks and tells apart "process exited" from "pipes closed".
+
+    ``asyncio.subprocess.Process.wait()`` returns only once every pipe is closed as well (so on
+    Python 3.11, at least), so a grandchild holding stdout would make it wait for that grandchild:
+    the hang this back end exists to avoid. A protocol sees the two events separately.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_stdout: ByteSink, on_stderr: ByteSink
+    ) -> None:
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.pipes_closed: asyncio.Future[None] = loop.create_future()
+        self._sinks = {1: on_stdout, 2: on_stderr}
+        self._open = {1, 2}
+        self._sink_error: BaseException | None = None
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if self._sink_error is not None:
+            return
+        try:
+            self._sinks[fd](data if isinstance(data, bytes) else data.encode())
+        except Exception as exc:  # re-raised by run(), after the process is dealt with
+            self._sink_error = exc
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open.discard(fd)
+        if not self._open:
+            _resolve(self.pipes_closed)
+
+    def process_exited(self) -> None:
+        _resolve(self.exited)
+
+    def raise_sink_error(self) -> None:
+        if self._sink_error is not None:
+            raise self._sink_error
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _settle(future: asyncio.Future[None], timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``future``; True if it completed (never cancels it)."""
+    if not future.done():
+        await asyncio.wait([future], timeout=timeout)
+    return future.done()
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-async def _pump(stream: asyncio.StreamReader, sink: ByteSink) -> None:
-    while chunk := await stream.read(_CHUNK):
-        sink(chunk)
-
-
-async def _finish_readers(readers: list[asyncio.Task[None]]) -> None:
-    _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)

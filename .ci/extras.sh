@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# Optional agent frameworks for tests/integrations, sourced by .ci/run.
+#
+# extras_install: classic AG2 (`autogen`, ag2<1), AutoGen 0.4+ and openai into the current
+#   environment, and AG2 1.x into .venv-ag2x: both AG2 lines are the `ag2` distribution, so they
+#   cannot share one environment. The venv sees the main environment's packages
+#   (--system-site-packages), so only AG2 1.x itself is installed there.
+# extras_test: runs the AG2 1.x tests in that venv (the main run skips them, naming this step).
+
+EXTRAS_PYTHON="${EXTRAS_PYTHON:-python3}"
+AG2X_VENV="${AG2X_VENV:-.venv-ag2x}"
+
+extras_install() {
+  local started=$SECONDS
+  "$EXTRAS_PYTHON" -m pip install --quiet --disable-pip-version-check \
+    -e ".[ag2,autogen,openai]" || return 1
+  if [ ! -x "$AG2X_VENV/bin/python" ]; then
+    "$EXTRAS_PYTHON" -m venv --system-site-packages "$AG2X_VENV" || return 1
+  fi
+  "$AG2X_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "ag2>=1.0,<2" || return 1
+  echo "extras_install: $((SECONDS - started)) s"
+}
+
+extras_test() {
+  "$AG2X_VENV/bin/python" -m pytest -p no:cacheprovider tests/integrations/test_ag2x.py "$@"
+}

@@ -1,0 +1,270 @@
+"""Building the kernelexec image, with a registry or without one.
+
+``offline=True`` needs no registry at all: debootstrap a minimal Debian root file system from
+the mirror apt already uses, install the Python stack with apt inside it (apt resolves
+ipykernel's dependencies where debootstrap's ``--include`` does not), ``docker import`` it as a
+base image, then ``docker build`` the small ``Dockerfile.offline`` FROM that local image.
+
+Each image carries a hash of the recipe that made it; a build whose image already carries the
+same hash is skipped (the base image has its own hash, so changing only the Dockerfile reuses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from ._docker import DEFAULT_IMAGE, DockerOptions, call, make_client, translate_errors
+from ._errors import BackendUnavailable
+
+SUITE = "bookworm"
+BASE_IMAGE = f"kernelexec/base:{SUITE}"
+OFFLINE_PACKAGES = ("python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+LABEL_RECIPE = "kernelexec.recipe"
+LABEL_BASE_RECIPE = "kernelexec.base-recipe"
+# Bump when the build steps below change in a way the hashed inputs do not show.
+_RECIPE_VERSION = "1"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    tag: str
+    recipe: str
+    skipped: bool
+
+
+def recipe_text(name: str) -> str:
+    """A recipe file shipped inside the package (``Dockerfile`` or ``Dockerfile.offline``)."""
+    folder = resources.files("kernelexec").joinpath("_images")
+    return folder.joinpath(name).read_text(encoding="utf-8")
+
+
+def base_recipe_hash() -> str:
+    parts = [_RECIPE_VERSION, SUITE, "minbase", *OFFLINE_PACKAGES]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def recipe_hash(*, offline: bool) -> str:
+    if offline:
+        parts = [_RECIPE_VERSION, base_recipe_hash(), recipe_text("Dockerfile.offline")]
+    else:
+        parts = [_RECIPE_VERSION, recipe_text("Dockerfile")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def apt_mirror(sources: Iterable[Path] | None = None) -> str:
+    """The Debian archive apt is configured with (deb822 ``.sources`` or one-line format)."""
+    if sources is None:
+        root = Path("/etc/apt")
+        sources = [root / "sources.list", *sorted(root.glob("sources.list.d/*"))]
+    for path in sources:
+        with contextlib.suppress(OSError):
+            for uri in _uris(path.read_text(encoding="utf-8", errors="replace")):
+                if uri.rstrip("/").endswith("/debian"):
+                    return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def _uris(text: str) -> Iterator[str]:
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("URIs:"):
+            yield from line[5:].split()
+        elif line.startswith("deb "):
+            match = re.match(r"deb\s+(?:\[[^\]]*\]\s+)?(\S+)", line)
+            if match:
+                yield match[1]
+
+
+def _image_id(client: docker.DockerClient, tag: str) -> str | None:
+    try:
+        image_id = client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        return None
+    return image_id if isinstance(image_id, str) else None
+
+
+def _labelled(client: docker.DockerClient, tag: str, label: str) -> str | None:
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return None
+    value = (image.labels or {}).get(label)
+    return value if isinstance(value, str) else None
+
+
+def build_image(
+    *,
+    offline: bool = False,
+    tag: str = DEFAULT_IMAGE,
+    mirror: str | None = None,
+    force: bool = False,
+    progress: Progress = print,
+    options: DockerOptions | None = None,
+) -> BuildResult:
+    """Build ``tag`` unless an image with the same recipe hash already exists."""
+    client = make_client(options or DockerOptions())
+    try:
+        recipe = recipe_hash(offline=offline)
+        if not force and call("inspect", _labelled, client, tag, LABEL_RECIPE) == recipe:
+            progress(f"{tag} is up to date (recipe {recipe}); nothing to build.")
+            return BuildResult(tag=tag, recipe=recipe, skipped=True)
+        previous = call("inspect", _image_id, client, tag)
+        if offline:
+            _ensure_base(client, mirror or apt_mirror(), force, progress)
+            _docker_build(client, "Dockerfile.offline", tag, recipe, progress, {"BASE": BASE_IMAGE})
+        else:
+            _docker_build(client, "Dockerfile", tag, recipe, progress, {})
+        progress(f"Built {tag} (recipe {recipe}).")
+        if previous is not None and previous != call("inspect", _image_id, client, tag):
+            # The image this build replaced is now untagged; drop it unless something uses it.
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(previous)
+        return BuildResult(tag=tag, recipe=recipe, skipped=False)
+    finally:
+        client.close()
+
+
+def _ensure_base(client: docker.DockerClient, mirror: str, force: bool, progress: Progress) -> None:
+    wanted = base_recipe_hash()
+    if not force and call("inspect", _labelled, client, BASE_IMAGE, LABEL_BASE_RECIPE) == wanted:
+        progress(f"Reusing {BASE_IMAGE} (recipe {wanted}).")
+        return
+    _check_offline_tools()
+    root = Path(tempfile.mkdtemp(prefix="kernelexec-rootfs-", dir="/var/tmp"))
+    try:
+        _make_rootfs(root, mirror, progress)
+        progress(f"Importing the root file system as {BASE_IMAGE} ...")
+        _import(client, root, wanted)
+    finally:
+        _remove_rootfs(root, progress)
+
+
+def _check_offline_tools() -> None:
+    if os.geteuid() != 0:
+        raise BackendUnavailable("the offline image build needs root (debootstrap and chroot)")
+    for tool in ("debootstrap", "chroot", "tar"):
+        if shutil.which(tool) is None:
+            raise BackendUnavailable(
+                f"the offline image build needs {tool!r}: apt-get install -y debootstrap"
+            )
+
+
+def _make_rootfs(root: Path, mirror: str, progress: Progress) -> None:
+    progress(f"debootstrap --variant=minbase {SUITE} from {mirror} (about a minute) ...")
+    _run(["debootstrap", "--variant=minbase", SUITE, str(root), mirror], progress)
+    # apt inside the chroot needs name resolution; the copy is removed again below.
+    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    progress(f"apt-get install {' '.join(OFFLINE_PACKAGES)} in the chroot (about a minute) ...")
+    apt = ["chroot", str(root), "apt-get", "-y", "--no-install-recommends"]
+    _run([*apt, "install", *OFFLINE_PACKAGES], progress)
+    _run(["chroot", str(root), "apt-get", "clean"], progress)
+    shutil.rmtree(root / "var" / "lib" / "apt" / "lists", ignore_errors=True)
+    (root / "etc" / "resolv.conf").write_text("")
+
+
+def _run(argv: list[str], progress: Progress) -> None:
+    """Run a build step, passing its output on line by line; fail with its last lines."""
+    env = {"PATH": _PATH, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+    tail: list[str] = []
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            progress("  " + line.rstrip())
+            tail = [*tail[-19:], line.rstrip()]
+    if proc.returncode != 0:
+        last = "\n".join(tail)
+        raise BackendUnavailable(f"{argv[0]} failed (exit {proc.returncode}):\n{last}")
+
+
+def _import(client: docker.DockerClient, root: Path, base_hash: str) -> None:
+    repo, _, image_tag = BASE_IMAGE.partition(":")
+    changes = [f"LABEL {LABEL_BASE_RECIPE}={base_hash}", f"ENV PATH={_PATH}"]
+    with subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE
+    ) as tar:
+        try:
+            call(
+                "docker import",
+                client.api.import_image_from_stream,
+                tar.stdout,
+                repository=repo,
+                tag=image_tag,
+                changes=changes,
+            )
+        finally:
+            if tar.poll() is None:  # the import failed half-way
+                tar.kill()
+    if tar.returncode not in (0, -9):
+        raise BackendUnavailable(f"tar of the root file system failed (exit {tar.returncode})")
+
+
+def _remove_rootfs(root: Path, progress: Progress) -> None:
+    """Delete the temp root, but never through a mount (a leftover /proc would be fatal)."""
+    mounted = [m for m in _mount_points() if m == root or root in m.parents]
+    for point in sorted(mounted, reverse=True):
+        subprocess.run(["umount", "-l", str(point)], check=False)
+    if any(m == root or root in m.parents for m in _mount_points()):
+        progress(f"warning: {root} still has mounts; left in place")
+        return
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _mount_points() -> list[Path]:
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    return [Path(line.split()[1].replace("\\040", " ")) for line in lines if len(line.split()) > 1]
+
+
+def _docker_build(
+    client: docker.DockerClient,
+    dockerfile: str,
+    tag: str,
+    recipe: str,
+    progress: Progress,
+    buildargs: dict[str, str],
+) -> None:
+    progress(f"docker build {tag} from {dockerfile} ...")
+    context = resources.files("kernelexec").joinpath("_images")
+    with resources.as_file(context) as path, translate_errors("docker build"):
+        for chunk in client.api.build(
+            path=str(path),
+            dockerfile=dockerfile,
+            tag=tag,
+            labels={LABEL_RECIPE: recipe},
+            buildargs=buildargs,
+            rm=True,
+            forcerm=True,
+            decode=True,
+        ):
+            _report(chunk, progress, offline=dockerfile.endswith("offline"))
+
+
+def _report(chunk: dict[str, Any], progress: Progress, *, offline: bool) -> None:
+    if "error" in chunk:
+        hint = "" if offline else " (no registry reachable? try `kernelexec image build --offline`)"
+        raise BackendUnavailable(f"docker build failed: {chunk['error'].strip()}{hint}")
+    text = chunk.get("stream") or chunk.get("status")
+    if text and text.strip():
+        progress("  " + text.rstrip())

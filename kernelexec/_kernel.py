@@ -1,0 +1,447 @@
+"""The stateful executor: blocks run in a long-lived IPython kernel over the Jupyter protocol.
+
+Everything here is protocol-level (execute requests, iopub / shell / stdin messages, interrupt,
+restart, liveness through ``KernelBackend``), so the local, Docker and gateway back ends share it.
+One block = one ``execute_request``; we drain the iopub messages whose parent is that request
+until its ``idle`` status, so a kernel is never left busy to queue the next block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import os
+import queue
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import KernelDied, KernelStartFailed
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._outputs import Collected, OutputCollector
+from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from .backends.base import KernelBackend
+from .backends.local_kernel import LocalKernel
+
+InputCallback = Callable[[str], "str | Awaitable[str]"]
+"""Answers ``input()`` in a block: gets the prompt, returns the line typed."""
+
+_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+_POLL = 0.5  # seconds between liveness checks while a block is quiet
+_IOPUB_GRACE = 1.0  # after the reply, how long to wait for an ``idle`` that may have been dropped
+_REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
+
+# Run silently after every (re)start: the kernel interpreter's own bin dir first on PATH, so
+# ``pip`` in a shell block installs into the kernel's environment.
+_SETUP_CODE = """\
+import os as _kx_os, sys as _kx_sys
+_kx_os.environ["PATH"] = (
+    _kx_os.path.dirname(_kx_sys.executable) + _kx_os.pathsep + _kx_os.environ.get("PATH", "")
+)
+del _kx_os, _kx_sys
+"""
+
+
+class _Ending(enum.Enum):
+    DONE = "done"  # idle (or the reply) came back
+    TIMED_OUT = "timed out"  # the interrupt took; state kept
+    STUCK = "stuck"  # the interrupt did not take; the kernel must be replaced
+    DIED = "died"  # the kernel process is gone
+
+
+@dataclass(frozen=True)
+class _Run:
+    ending: _Ending
+    reply: dict[str, Any] | None
+
+
+class AsyncKernelExecutor(AsyncExecutor):
+    """Runs blocks in an IPython kernel (stateful): variables and imports persist."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        backend: KernelBackend | None = None,
+        *,
+        kernel_name: str = "python3",
+        python: str | os.PathLike[str] | None = None,
+        input: InputCallback | None = None,
+        restart_on_death: bool = True,
+        interrupt_grace: float = 3.0,
+        startup_timeout: float = 60.0,
+        **options: Any,
+    ) -> None:
+        if backend is not None and python is not None:
+            raise ValueError("give either backend= or python=, not both")
+        self.backend = backend or LocalKernel(kernel_name=kernel_name, python=python)
+        super().__init__(**options)
+        self.input_callback = input
+        self.restart_on_death = restart_on_death
+        self.interrupt_grace = interrupt_grace
+        self.startup_timeout = startup_timeout
+        # Read when built, never at import. Figures go to the notebook-style inline backend even
+        # if the host's environment names another one.
+        self._env = {**os.environ, "MPLBACKEND": _INLINE_BACKEND, **self.options.env}
+        self._dead: str | None = None
+
+    @property
+    def supported_languages(self) -> tuple[str, ...]:
+        return ("python", "shell")
+
+    async def interrupt(self) -> None:
+        """Interrupt the running block (it ends with ``KeyboardInterrupt``); state is kept."""
+        self._check_open()
+        if self._started:
+            await self.backend.interrupt()
+
+    # -- AsyncExecutor hooks ---------------------------------------------------------------
+    async def _start(self) -> None:
+        await self.backend.start(
+            work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout
+        )
+        await self._setup()
+
+    async def _restart(self) -> None:
+        await self.backend.restart(timeout=self.startup_timeout)
+        self._dead = None
+        await self._setup()
+
+    async def _close(self) -> None:
+        await self.backend.shutdown()
+
+    async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        if self._dead is not None:
+            raise KernelDied(f"the kernel died ({self._dead}); call restart() to get a new one")
+        await self._ensure_workspace()
+        code = self._code_for(block)
+        collector = OutputCollector(
+            work_dir=self.work_dir,
+            cell=block.index,
+            limit=self.options.output_limit,
+            spill_path=self._internal_path("output", f"block-{block.index}.txt"),
+            on_output=self._emit,
+        )
+        run = await _BlockRun(self, code, collector, timeout).wait()
+        return await self._conclude(block, collector, run, timeout)
+
+    # -- helpers ------------------------------------------------------------------------------
+    async def _setup(self) -> None:
+        await self._run_quietly(_SETUP_CODE)
+
+    async def _run_quietly(self, code: str) -> None:
+        """Run kernelexec's own code (not recorded in history, no outputs)."""
+        client = self.backend.client
+        msg_id = client.execute(code, silent=True, store_history=False)
+        try:
+            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.startup_timeout)
+        except asyncio.TimeoutError as exc:
+            raise KernelStartFailed("the kernel did not run its set-up code") from exc
+        if reply.get("status") != "ok":
+            detail = f"{reply.get('ename')}: {reply.get('evalue')}"
+            raise KernelStartFailed(f"the kernel's set-up code failed ({detail})")
+
+    async def _ensure_workspace(self) -> None:
+        """A block may have deleted the work dir: recreate it and put the kernel back in it."""
+        if self.work_dir.is_dir():
+            return
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        where = self.backend.workspace or str(self.work_dir)
+        await self._run_quietly(f"import os as _kx_os; _kx_os.chdir({where!r}); del _kx_os")
+
+    def _code_for(self, block: PreparedBlock) -> str:
+        if block.target is not None:
+            block.target.parent.mkdir(parents=True, exist_ok=True)
+            block.target.write_text(block.code, encoding="utf-8")
+        if block.language == "shell":
+            # IPython's bash cell magic: streams output, runs in the kernel's cwd and env, and
+            # fails the cell on a non-zero exit status.
+            return "%%bash\n" + block.code
+        return block.code
+
+    async def _conclude(
+        self, block: PreparedBlock, collector: OutputCollector, run: _Run, timeout: float
+    ) -> ExecutionResult:
+        # %%bash reports a failed script as a CalledProcessError with IPython's own frames;
+        # the exit status is all that matters.
+        shell_failed = (
+            collector.pop_error("CalledProcessError") if block.language == "shell" else None
+        )
+        if run.ending in (_Ending.TIMED_OUT, _Ending.STUCK):
+            interrupted = collector.pop_error("KeyboardInterrupt") or shell_failed
+            result = _base_result(block, collector.finish(), run)
+            if run.ending is _Ending.STUCK:
+                await self._replace_kernel()
+            return _timed_out(result, interrupted, timeout, run.ending is _Ending.STUCK)
+        result = _base_result(block, collector.finish(), run)
+        if run.ending is _Ending.DIED:
+            return await self._died(result, self.backend.death_reason() or "it exited")
+        if _asked_exit(run.reply):
+            return await self._exited(result)
+        return result if shell_failed is None else _shell_failed(result, shell_failed)
+
+    async def _replace_kernel(self) -> None:
+        await self.backend.restart(timeout=self.startup_timeout)
+        self._dead = None
+        await self._setup()
+
+    async def _died(self, result: ExecutionResult, reason: str) -> ExecutionResult:
+        note = f"The kernel died while running this block ({reason})."
+        if self.restart_on_death:
+            await self._replace_kernel()
+            note += " It was restarted: all variables and imports were lost."
+        else:
+            self._dead = reason
+            note += " It was not restarted (restart_on_death=False)."
+        error = ErrorInfo(ename="KernelDied", evalue=note)
+        return result.with_changes(
+            exit_code=EXIT_ERROR,
+            output=_append(result.output, note),
+            error=error,
+            outputs=[*result.outputs, _error_output(error)],
+            kernel_died=True,
+            state_lost=self.restart_on_death,
+        )
+
+    async def _exited(self, result: ExecutionResult) -> ExecutionResult:
+        """``exit()`` / ``quit()``: the kernel would stop right after; replace it now."""
+        note = "The block called exit(); the kernel stopped."
+        if self.restart_on_death:
+            await self._replace_kernel()
+            note += " A new kernel was started: all variables and imports were lost."
+        else:
+            self._dead = "exit() was called"
+        return result.with_changes(output=_append(result.output, note), state_lost=True)
+
+
+class _BlockRun:
+    """Sends one execute request and follows it until it is over, however it ends."""
+
+    def __init__(
+        self, executor: AsyncKernelExecutor, code: str, collector: OutputCollector, timeout: float
+    ) -> None:
+        self._ex = executor
+        self._backend = executor.backend
+        self._client = executor.backend.client
+        self._code = code
+        self._collector = collector
+        self._timeout = timeout
+        self._msg_id = ""
+
+    async def wait(self) -> _Run:
+        allow_stdin = self._ex.input_callback is not None
+        self._msg_id = self._client.execute(self._code, allow_stdin=allow_stdin)
+        reply = asyncio.ensure_future(_reply_for(self._backend, self._msg_id))
+        stdin = asyncio.ensure_future(self._serve_stdin()) if allow_stdin else None
+        try:
+            ending = await self._pump(reply)
+            if ending is _Ending.DIED or ending is _Ending.STUCK:
+                return _Run(ending, None)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reply), _REPLY_GRACE)
+            return _Run(ending, reply.result() if reply.done() else None)
+        finally:
+            for task in (reply, stdin):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+
+    async def _pump(self, reply: asyncio.Future[dict[str, Any]]) -> _Ending:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        grace_end: float | None = None  # set once the block was interrupted
+        last_seen = last_check = loop.time()
+        while True:
+            now = loop.time()
+            if grace_end is None and now >= deadline:
+                await self._backend.interrupt()
+                grace_end = now + self._ex.interrupt_grace
+            if grace_end is not None and now >= grace_end:
+                return _Ending.STUCK
+            if reply.done() and now - last_seen >= _IOPUB_GRACE:
+                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+            if now - last_check >= _POLL:
+                last_check = now
+                if not await self._backend.is_alive():
+                    return _Ending.DIED
+            limit = grace_end if grace_end is not None else deadline
+            wait = max(0.01, min(_POLL, limit - now))
+            try:
+                msg = await self._client.get_iopub_msg(timeout=wait)
+            except queue.Empty:
+                continue
+            if _parent_id(msg) != self._msg_id:
+                continue  # another request's message (a set-up run, an earlier block)
+            last_seen = loop.time()
+            if _is_idle(msg):
+                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+            self._collector.feed(msg)
+
+    async def _serve_stdin(self) -> None:
+        callback = self._ex.input_callback
+        assert callback is not None
+        while True:
+            msg = await self._client.get_stdin_msg(timeout=None)
+            if _parent_id(msg) != self._msg_id or msg.get("msg_type") != "input_request":
+                continue
+            prompt = str(msg.get("content", {}).get("prompt", ""))
+            try:
+                answer = await asyncio.to_thread(callback, prompt)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+            except Exception as exc:  # the caller's callback failed: say so, unblock the kernel
+                text = f"kernelexec: the input callback failed: {type(exc).__name__}: {exc}\n"
+                self._collector.feed(
+                    {"msg_type": "stream", "content": {"name": "stderr", "text": text}}
+                )
+                answer = ""
+            self._client.input(str(answer))
+
+
+async def _reply_for(backend: KernelBackend, msg_id: str) -> dict[str, Any]:
+    """The shell reply to ``msg_id`` (replies to other requests are skipped)."""
+    while True:
+        msg = await backend.client.get_shell_msg(timeout=None)
+        if _parent_id(msg) == msg_id:
+            content: dict[str, Any] = msg.get("content", {})
+            return content
+
+
+def _parent_id(msg: Mapping[str, Any]) -> str | None:
+    parent = msg.get("parent_header") or {}
+    value = parent.get("msg_id")
+    return value if isinstance(value, str) else None
+
+
+def _is_idle(msg: Mapping[str, Any]) -> bool:
+    return bool(
+        msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") == "idle"
+    )
+
+
+def _asked_exit(reply: Mapping[str, Any] | None) -> bool:
+    payloads = (reply or {}).get("payload") or []
+    return any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payloads)
+
+
+def _base_result(block: PreparedBlock, collected: Collected, run: _Run) -> ExecutionResult:
+    reply = run.reply or {}
+    failed = reply.get("status") not in (None, "ok") or (
+        reply.get("status") is None and collected.error is not None
+    )
+    error = collected.error
+    if failed and error is None:
+        error = ErrorInfo(
+            ename=str(reply.get("ename", "Error")), evalue=str(reply.get("evalue", ""))
+        )
+    count = reply.get("execution_count")
+    return ExecutionResult(
+        exit_code=EXIT_ERROR if failed else EXIT_OK,
+        output=collected.output,
+        stdout=collected.stdout,
+        stderr=collected.stderr,
+        error=error if failed else None,
+        outputs=collected.outputs,
+        files=collected.files,
+        code_file=None if block.target is None else str(block.target),
+        truncated=collected.truncated,
+        language=block.language,
+        full_output_file=collected.full_output_file,
+        execution_count=count if isinstance(count, int) else collected.execution_count,
+    )
+
+
+def _timed_out(
+    result: ExecutionResult, interrupted: ErrorInfo | None, timeout: float, state_lost: bool
+) -> ExecutionResult:
+    """The result of a block stopped for its timeout; the interrupt's traceback says where."""
+    if state_lost:
+        note = (
+            f"Timeout: the block ran longer than {timeout:g} s and did not stop when "
+            "interrupted; the kernel was restarted and all state was lost."
+        )
+    else:
+        note = (
+            f"Timeout: the block ran longer than {timeout:g} s and was interrupted; "
+            "the kernel and its state were kept."
+        )
+    trace = interrupted.traceback if interrupted is not None else []
+    error = ErrorInfo(ename="Timeout", evalue=note, traceback=trace)
+    return result.with_changes(
+        exit_code=EXIT_TIMEOUT,
+        timed_out=True,
+        state_lost=state_lost,
+        error=error,
+        outputs=[*result.outputs, _error_output(error)],
+        output=_append(result.output, note),
+    )
+
+
+def _shell_failed(result: ExecutionResult, failure: ErrorInfo) -> ExecutionResult:
+    match = re.search(r"exit status (-?\d+)", failure.evalue)
+    status = match[1] if match else "unknown"
+    error = ErrorInfo(ename="NonZeroExit", evalue=f"exit status {status}")
+    return result.with_changes(
+        exit_code=EXIT_ERROR,
+        error=error,
+        outputs=[*result.outputs, _error_output(error)],
+        output=_append(result.output, f"The shell block failed with exit status {status}."),
+    )
+
+
+def _error_output(error: ErrorInfo) -> NbOutput:
+    return {
+        "output_type": "error",
+        "ename": error.ename,
+        "evalue": error.evalue,
+        "traceback": list(error.traceback),
+    }
+
+
+def _append(text: str, note: str) -> str:
+    return f"{text.rstrip()}\n{note}" if text.strip() else note
+
+
+class KernelExecutor(SyncExecutor[AsyncKernelExecutor]):
+    """Synchronous stateful executor: blocks share one IPython kernel.
+
+    >>> with KernelExecutor(timeout=30) as ex:
+    ...     _ = ex.execute("x = 20 + 1")
+    ...     ex.execute("x * 2").output
+    '42'
+    """
+
+    def __init__(
+        self,
+        backend: KernelBackend | None = None,
+        *,
+        kernel_name: str = "python3",
+        python: str | os.PathLike[str] | None = None,
+        work_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            AsyncKernelExecutor(
+                backend,
+                kernel_name=kernel_name,
+                python=python,
+                work_dir=work_dir,
+                timeout=timeout,
+                env=env,
+                **options,
+            )
+        )
+
+    @property
+    def backend(self) -> KernelBackend:
+        return self.aio.backend
+
+    def interrupt(self) -> None:
+        """Interrupt the block running (from another thread); the kernel keeps its state."""
+        self._call(self._core.interrupt)

@@ -1,0 +1,413 @@
+"""Kernel messages -> nbformat v4 outputs, and the text views of them.
+
+``OutputCollector`` is fed the iopub messages of one block. It keeps the nbformat outputs (the one
+output model), resolves stream text the way a terminal would (``\\r`` returns to the start of the
+line, ``\\b`` steps back, so progress bars collapse to their last state), saves every MIME type
+that has a file form into the work dir, and keeps memory bounded however much a block prints:
+stream text is held head + tail (``TextBudget``) and the full text is spilled to a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ._budget import TextBudget
+from ._types import ErrorInfo, NbOutput
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CONTROL_RE = re.compile(r"([\r\b])")
+
+#: MIME type -> (file extension, how the payload is stored in the message)
+MIME_FILES: dict[str, tuple[str, str]] = {
+    "image/png": ("png", "base64"),
+    "image/jpeg": ("jpg", "base64"),
+    "image/gif": ("gif", "base64"),
+    "application/pdf": ("pdf", "base64"),
+    "image/svg+xml": ("svg", "text"),
+    "text/html": ("html", "text"),
+    "text/markdown": ("md", "text"),
+    "text/latex": ("tex", "text"),
+    "application/json": ("json", "json"),
+    "application/vnd.plotly.v1+json": ("plotly.json", "json"),
+}
+# Vega and Vega-Lite carry their major version in the MIME type.
+_VEGA_RE = re.compile(r"^application/vnd\.(vega|vegalite)\.v\d+\+json$")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI escape sequences (colours, cursor moves)."""
+    return _ANSI_RE.sub("", text)
+
+
+def file_form(mime: str) -> tuple[str, str] | None:
+    """(extension, encoding) when ``mime`` is saved as a file, else None."""
+    if mime in MIME_FILES:
+        return MIME_FILES[mime]
+    match = _VEGA_RE.match(mime)
+    if match:
+        return ("vl.json" if match[1] == "vegalite" else "vg.json", "json")
+    return None
+
+
+class TerminalText:
+    """Stream text resolved like a terminal, committed line by line into a budget.
+
+    Only the line being written is held; finished lines go to ``sink``. A line that grows past
+    ``max_line`` without a newline is committed as it is (memory stays bounded).
+    """
+
+    def __init__(self, sink: Callable[[str], None], max_line: int) -> None:
+        self._sink = sink
+        self._max_line = max_line
+        self._line = ""
+        self._cursor = 0
+
+    def write(self, text: str) -> None:
+        start = 0
+        # find() rather than split(): a 50 MB message must not become a 50 MB list of lines.
+        while (end := text.find("\n", start)) != -1:
+            self._apply(text[start:end])
+            self._sink(self._line + "\n")
+            self._line, self._cursor = "", 0
+            start = end + 1
+        self._apply(text[start:])
+        if len(self._line) > self._max_line:
+            self._sink(self._line)
+            self._line, self._cursor = "", 0
+
+    def _apply(self, segment: str) -> None:
+        if "\r" not in segment and "\b" not in segment:
+            self._overwrite(segment)
+            return
+        for token in _CONTROL_RE.split(segment):
+            if token == "\r":
+                self._cursor = 0
+            elif token == "\b":
+                self._cursor = max(0, self._cursor - 1)
+            elif token:
+                self._overwrite(token)
+
+    def _overwrite(self, text: str) -> None:
+        if self._cursor == len(self._line):
+            self._line += text
+        else:
+            end = self._cursor + len(text)
+            self._line = self._line[: self._cursor] + text + self._line[end:]
+        self._cursor += len(text)
+
+    @property
+    def pending(self) -> str:
+        return self._line
+
+    def flush(self) -> None:
+        if self._line:
+            self._sink(self._line)
+            self._line, self._cursor = "", 0
+
+
+class _Stream:
+    """One nbformat ``stream`` output under construction (consecutive same-name messages)."""
+
+    def __init__(self, name: str, limit: int, also: Callable[[str], None]) -> None:
+        self.name = name
+        self.budget = TextBudget(limit)
+        self._also = also
+        self.terminal = TerminalText(self._commit, max_line=limit)
+
+    def _commit(self, text: str) -> None:
+        self.budget.write(text)
+        self._also(text)
+
+    def text(self) -> str:
+        """The text so far, including the line still being written (not yet committed)."""
+        return self.budget.text() + self.terminal.pending
+
+
+@dataclass
+class Collected:
+    """What one block produced, ready to become an ``ExecutionResult``."""
+
+    outputs: list[NbOutput]
+    output: str
+    stdout: str
+    stderr: str
+    error: ErrorInfo | None
+    files: list[Path]
+    truncated: bool
+    full_output_file: Path | None
+    execution_count: int | None = None
+
+
+class OutputCollector:
+    """Turns one block's iopub messages into nbformat v4 outputs and bounded text views."""
+
+    def __init__(
+        self,
+        *,
+        work_dir: Path,
+        cell: int,
+        limit: int,
+        spill_path: Path | None,
+        on_output: Callable[[NbOutput], None] | None = None,
+    ) -> None:
+        self._work_dir = work_dir
+        self._cell = cell
+        self._limit = limit
+        self._on_output = on_output
+        self._items: list[NbOutput | _Stream] = []
+        self._log = TextBudget(limit, spill_path=spill_path)
+        self._std = {"stdout": TextBudget(limit), "stderr": TextBudget(limit)}
+        self._display_ids: dict[str, list[int]] = {}
+        self._file_index: dict[int, int] = {}  # item position -> k in cell{N}-{k}
+        self._saved: list[Path] = []
+        self._rich_count = 0
+        self._clear_pending = False
+        self.error: ErrorInfo | None = None
+        self.execution_count: int | None = None
+
+    # -- feeding ---------------------------------------------------------------------------
+    def feed(self, msg: dict[str, Any]) -> None:
+        """Handle one iopub message (of this block; the caller filters by parent)."""
+        kind = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
+        content = msg.get("content", {})
+        handler = self._HANDLERS.get(kind or "")
+        if handler is not None:
+            handler(self, content)
+
+    def _stream(self, content: dict[str, Any]) -> None:
+        name = "stderr" if content.get("name") == "stderr" else "stdout"
+        text = str(content.get("text", ""))
+        self._maybe_clear()
+        last = self._items[-1] if self._items else None
+        if not isinstance(last, _Stream) or last.name != name:
+            self._end_stream_lines()  # the other stream's output is closed, as in a notebook
+            last = _Stream(name, self._limit, self._std_sink(name))
+            self._items.append(last)
+        last.terminal.write(text)
+        self._emit({"output_type": "stream", "name": name, "text": text})
+
+    def _std_sink(self, name: str) -> Callable[[str], None]:
+        def sink(text: str) -> None:
+            self._std[name].write(text)
+            self._log.write(text)
+
+        return sink
+
+    def _display(self, content: dict[str, Any], output_type: str) -> None:
+        self._maybe_clear()
+        self._end_stream_lines()
+        out: NbOutput = {
+            "output_type": output_type,
+            "data": dict(content.get("data", {})),
+            "metadata": dict(content.get("metadata", {})),
+        }
+        if output_type == "execute_result":
+            out["execution_count"] = content.get("execution_count")
+        position = len(self._items)
+        self._items.append(out)
+        display_id = content.get("transient", {}).get("display_id")
+        if display_id:
+            self._display_ids.setdefault(str(display_id), []).append(position)
+        self._save_files(position)
+        self._log.write(self._display_text(position) + "\n")
+        self._emit(out)
+
+    def _display_data(self, content: dict[str, Any]) -> None:
+        self._display(content, "display_data")
+
+    def _execute_result(self, content: dict[str, Any]) -> None:
+        self._display(content, "execute_result")
+
+    def _update_display(self, content: dict[str, Any]) -> None:
+        display_id = str(content.get("transient", {}).get("display_id", ""))
+        for position in self._display_ids.get(display_id, []):
+            item = self._items[position]
+            if isinstance(item, dict):
+                item["data"] = dict(content.get("data", {}))
+                item["metadata"] = dict(content.get("metadata", {}))
+                self._save_files(position)
+                self._emit(item)
+
+    def _clear(self, content: dict[str, Any]) -> None:
+        if content.get("wait"):
+            self._clear_pending = True
+        else:
+            self._clear_now()
+
+    def _maybe_clear(self) -> None:
+        if self._clear_pending:
+            self._clear_pending = False
+            self._clear_now()
+
+    def _clear_now(self) -> None:
+        self._end_stream_lines()
+        self._items.clear()
+        self._display_ids.clear()
+        self._file_index.clear()
+
+    def _error(self, content: dict[str, Any]) -> None:
+        self._maybe_clear()
+        self._end_stream_lines()
+        traceback = [str(line) for line in content.get("traceback", [])]
+        self.error = ErrorInfo(
+            ename=str(content.get("ename", "Error")),
+            evalue=str(content.get("evalue", "")),
+            traceback=traceback,
+        )
+        out: NbOutput = {
+            "output_type": "error",
+            "ename": self.error.ename,
+            "evalue": self.error.evalue,
+            "traceback": traceback,
+        }
+        self._items.append(out)
+        self._log.write(_error_text(out) + "\n")
+        self._emit(out)
+
+    def _execute_input(self, content: dict[str, Any]) -> None:
+        count = content.get("execution_count")
+        self.execution_count = count if isinstance(count, int) else self.execution_count
+
+    _HANDLERS: ClassVar[dict[str, Callable[[OutputCollector, dict[str, Any]], None]]] = {
+        "stream": _stream,
+        "display_data": _display_data,
+        "execute_result": _execute_result,
+        "update_display_data": _update_display,
+        "clear_output": _clear,
+        "error": _error,
+        "execute_input": _execute_input,
+    }
+
+    def _emit(self, output: NbOutput) -> None:
+        if self._on_output is not None:
+            self._on_output(output)
+
+    def _end_stream_lines(self) -> None:
+        """A non-stream output ends the stream before it (as in a notebook)."""
+        if self._items and isinstance(self._items[-1], _Stream):
+            self._items[-1].terminal.flush()
+
+    # -- rich outputs ------------------------------------------------------------------------
+    def _save_files(self, position: int) -> None:
+        item = self._items[position]
+        assert isinstance(item, dict)
+        forms = [(mime, form) for mime in item["data"] if (form := file_form(mime))]
+        if not forms:
+            return
+        if position not in self._file_index:
+            self._rich_count += 1
+            self._file_index[position] = self._rich_count
+        k = self._file_index[position]
+        for mime, (ext, encoding) in forms:
+            path = self._work_dir / "outputs" / f"cell{self._cell}-{k}.{ext}"
+            if _write_payload(path, item["data"][mime], encoding) and path not in self._saved:
+                self._saved.append(path)
+
+    def _display_text(self, position: int) -> str:
+        item = self._items[position]
+        assert isinstance(item, dict)
+        data = item["data"]
+        lines = [_as_text(data["text/plain"])] if "text/plain" in data else []
+        k = self._file_index.get(position)
+        for mime in data:
+            form = file_form(mime)
+            if form is not None and k is not None:
+                rel = f"outputs/cell{self._cell}-{k}.{form[0]}"
+                lines.append(f"[{mime} saved to {rel}]")
+            elif form is None and mime != "text/plain" and not lines:
+                lines.append(f"[{mime} output]")
+        return "\n".join(lines)
+
+    def pop_error(self, ename: str) -> ErrorInfo | None:
+        """Remove the error outputs named ``ename`` (e.g. the ``KeyboardInterrupt`` our own
+        interrupt caused) and return the last of them."""
+        found = [i for i in self._items if isinstance(i, dict) and i.get("ename") == ename]
+        if not found:
+            return None
+        self._items = [i for i in self._items if not any(i is f for f in found)]
+        last = found[-1]
+        if self.error is not None and self.error.ename == ename:
+            self.error = None
+        return ErrorInfo(
+            ename=ename, evalue=str(last.get("evalue", "")), traceback=last["traceback"]
+        )
+
+    # -- results -------------------------------------------------------------------------------
+    def finish(self) -> Collected:
+        """Close the block: flush pending lines, build the outputs and the text views."""
+        self._end_stream_lines()
+        self._log.close()
+        outputs = [self._materialise(item) for item in self._items]
+        text = TextBudget(self._limit)
+        last_char, previous_stream = "\n", True
+        for position, item in enumerate(self._items):
+            piece = self._piece(position, item)
+            if not piece:
+                continue
+            is_stream = isinstance(item, _Stream)
+            # Streams run on as printed; anything else starts on a line of its own.
+            if text.total and last_char != "\n" and not (previous_stream and is_stream):
+                text.write("\n")
+            text.write(piece)
+            last_char, previous_stream = piece[-1], is_stream
+        output = strip_ansi(text.text())
+        truncated = text.truncated or self._log.truncated
+        if self._log.spilled_to is not None and truncated:
+            output += f"\n[full output in {self._log.spilled_to}]"
+        return Collected(
+            outputs=outputs,
+            output=output,
+            stdout=strip_ansi(self._std["stdout"].text()),
+            stderr=strip_ansi(self._std["stderr"].text()),
+            error=self.error,
+            files=[p for p in self._saved if p.exists()],
+            truncated=truncated,
+            full_output_file=self._log.spilled_to if truncated else None,
+            execution_count=self.execution_count,
+        )
+
+    def _materialise(self, item: NbOutput | _Stream) -> NbOutput:
+        if isinstance(item, _Stream):
+            return {"output_type": "stream", "name": item.name, "text": item.text()}
+        return item
+
+    def _piece(self, position: int, item: NbOutput | _Stream) -> str:
+        if isinstance(item, _Stream):
+            return item.text()
+        if item["output_type"] == "error":
+            return _error_text(item)
+        return self._display_text(position)
+
+
+def _as_text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def _error_text(out: NbOutput) -> str:
+    traceback = out.get("traceback") or []
+    if traceback:
+        return "\n".join(str(line).rstrip("\n") for line in traceback)
+    return f"{out.get('ename')}: {out.get('evalue')}"
+
+
+def _write_payload(path: Path, payload: Any, encoding: str) -> bool:
+    """Write one MIME payload; False when it cannot be decoded (left in ``outputs`` only)."""
+    try:
+        if encoding == "base64":
+            raw = base64.b64decode(_as_text(payload), validate=False)
+        elif encoding == "json":
+            raw = json.dumps(payload, indent=1).encode()
+        else:
+            raw = _as_text(payload).encode("utf-8", errors="replace")
+    except (binascii.Error, ValueError, TypeError):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return True

@@ -1,0 +1,369 @@
+"""Stateless back end in Docker: one long-lived container per executor, one ``exec`` per block.
+
+The container's main process is a tiny Python loop that is its own init: it reaps orphans and
+exits at once on a SIGTERM from the engine (a main process that ignores SIGTERM is why
+``docker stop`` can take 10 s). Being PID 1 also makes it the one process ``kill -1`` spares,
+so after a block (and when a block times out) every process the block left behind is killed
+*inside* the container with ``kill -9 -1`` run as the container user. A fresh container per
+block is an option too.
+
+The Docker SDK blocks, so every engine call runs in a worker thread and output frames are handed
+to the event loop as they arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.utils.socket import STDERR, frames_iter
+
+from .._docker import (
+    DockerOptions,
+    call,
+    check_image,
+    container_env,
+    container_kwargs,
+    force_remove,
+    image_missing_message,
+    labels_for,
+    make_client,
+    new_session_id,
+    prepare_host_dir,
+    translate_errors,
+)
+from .._errors import DockerUnavailable, ImageNotFound
+from .base import ByteSink, CommandBackend, CommandOutcome
+
+WORKSPACE = "/workspace"
+
+# PID 1 of the container: reaps orphans, and exits on a SIGTERM from outside the container
+# (`docker stop`: the sender is in another pid namespace, so si_pid is 0) but ignores one sent
+# from inside it, as the kernel already ignores a SIGKILL sent to PID 1 from inside.
+_MAIN = """\
+import os, signal, sys
+wanted = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
+signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+while True:
+    info = signal.sigwaitinfo(wanted)
+    if info.si_signo != signal.SIGCHLD:
+        if info.si_pid == 0:
+            sys.exit(0)
+        continue
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+"""
+
+# Wraps every block: run it, then kill whatever it left running (kill -1 spares PID 1 and the
+# shell itself), and say so when the memory cgroup's OOM killer fired during the block.
+_WRAPPER = r"""
+oom() {
+  for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do
+    if [ -r "$f" ]; then
+      while read -r k v; do [ "$k" = oom_kill ] && { echo "$v"; return; }; done < "$f"
+    fi
+  done
+  echo 0
+}
+before=$(oom)
+"$@"
+status=$?
+kill -9 -1 2>/dev/null
+if [ "$status" -ge 128 ] && [ "$(oom)" != "$before" ]; then
+  echo "kernelexec: the block was killed: out of memory" \
+    "(container memory limit ${KERNELEXEC_MEMORY:-unknown})" >&2
+fi
+exit "$status"
+"""
+
+# Run after a timeout: TERM, a short grace, then KILL until nothing but PID 1 (and us) is left.
+_REAPER = """
+kill -TERM -1 2>/dev/null && sleep {grace}
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  kill -9 -1 2>/dev/null || exit 0
+  sleep 0.05
+done
+exit 1
+"""
+
+
+class DockerCommand(CommandBackend):
+    """Runs python and shell blocks in a container (``kernelexec/python`` by default).
+
+    >>> backend = DockerCommand(image="kernelexec/python:latest", memory="1g")
+
+    Keyword overrides are ``DockerOptions`` fields; ``fresh_container=True`` starts a new
+    container for every block (slower; nothing at all survives between blocks).
+    """
+
+    kind = "docker-command"
+
+    def __init__(
+        self,
+        *,
+        image: str | None = None,
+        options: DockerOptions | None = None,
+        fresh_container: bool = False,
+        kill_grace: float = 0.2,
+        **overrides: Any,
+    ) -> None:
+        if image is not None:
+            overrides["image"] = image
+        self.options = replace(options or DockerOptions(), **overrides)
+        self.fresh_container = fresh_container
+        self.kill_grace = kill_grace
+        self.session = new_session_id()
+        self._client: docker.DockerClient | None = None
+        self._container: Any = None
+        self._work_dir: Path | None = None
+
+    @property
+    def workspace(self) -> str:
+        return WORKSPACE
+
+    @property
+    def container(self) -> Any:
+        """The long-lived container (a docker SDK ``Container``), or None."""
+        return self._container
+
+    def supported_languages(self) -> Sequence[str]:
+        return ("python", "shell")
+
+    def argv_for(self, language: str, code_path: str) -> list[str] | None:
+        if language == "python":
+            return ["python3", code_path]
+        if language == "shell":
+            return ["bash", code_path]
+        return None
+
+    async def start(self, work_dir: Path) -> None:
+        self._work_dir = work_dir
+        self._client = await asyncio.to_thread(make_client, self.options)
+        await asyncio.to_thread(check_image, self._client, self.options.image)
+        await asyncio.to_thread(prepare_host_dir, work_dir, self.options)
+        if not self.fresh_container:
+            self._container = await asyncio.to_thread(self._create)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        work_dir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> CommandOutcome:
+        container = await self._container_for_block()
+        try:
+            return await self._exec(container, argv, env, timeout, on_stdout, on_stderr)
+        finally:
+            if self.fresh_container:
+                await asyncio.to_thread(call, "removing the container", force_remove, container)
+
+    async def restart(self) -> None:
+        if self._container is not None:
+            old, self._container = self._container, None
+            await asyncio.to_thread(call, "removing the container", force_remove, old)
+            self._container = await asyncio.to_thread(self._create)
+
+    async def close(self) -> None:
+        container, self._container = self._container, None
+        client, self._client = self._client, None
+        try:
+            if container is not None:
+                # Best effort: with the engine gone this fails fast, and `kernelexec gc` (which
+                # finds the container by its labels) removes it later.
+                with contextlib.suppress(DockerUnavailable):
+                    await asyncio.to_thread(call, "removing the container", force_remove, container)
+        finally:
+            if client is not None:
+                client.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _create(self) -> Any:
+        """Create and start a container (blocking; runs in a worker thread)."""
+        assert self._client is not None and self._work_dir is not None
+        opts = self.options
+        kwargs = container_kwargs(opts, labels=labels_for(self.kind, self.session, opts))
+        kwargs.pop("detach", None)
+        volumes = dict(kwargs.pop("volumes", None) or {})
+        volumes[str(self._work_dir)] = {"bind": WORKSPACE, "mode": "rw"}
+        memory = {"KERNELEXEC_MEMORY": opts.memory or "none"}
+        with translate_errors("creating a container"):
+            try:
+                container = self._client.containers.create(
+                    opts.image,
+                    command=["python3", "-c", _MAIN],
+                    volumes=volumes,
+                    environment=container_env(opts, memory),
+                    init=False,  # the main process is its own init (see _MAIN)
+                    **kwargs,
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise ImageNotFound(image_missing_message(opts.image)) from exc
+            try:
+                container.start()
+            except BaseException:
+                force_remove(container)
+                raise
+        return container
+
+    async def _container_for_block(self) -> Any:
+        if self.fresh_container:
+            return await asyncio.to_thread(self._create)
+        container = self._container
+        if container is None:
+            raise DockerUnavailable("the Docker command back end is not started")
+        await asyncio.to_thread(call, "inspecting the container", container.reload)
+        if container.status != "running":
+            # Stopped or killed from outside (or its main process died): nothing of value
+            # lived in it, so a fresh container takes over.
+            await asyncio.to_thread(call, "removing the container", force_remove, container)
+            container = self._container = await asyncio.to_thread(self._create)
+        return container
+
+    def _exec_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        # The executor hands over the host environment plus its own settings; only the part
+        # that differs from the host's goes into the container (no host PATH, HOME, secrets).
+        chosen = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        memory = {"KERNELEXEC_MEMORY": self.options.memory or "none"}
+        return container_env(self.options, {**chosen, **memory})
+
+    async def _exec(
+        self,
+        container: Any,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        timeout: float,
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> CommandOutcome:
+        assert self._client is not None
+        api = self._client.api
+        exec_id, sock = await asyncio.to_thread(
+            call, "docker exec", _exec_start, api, container.id, argv, self._exec_env(env)
+        )
+        loop = asyncio.get_running_loop()
+        sinks = _Sinks(on_stdout, on_stderr)
+        reader = asyncio.ensure_future(asyncio.to_thread(_pump, sock, loop, sinks))
+        try:
+            done, _ = await asyncio.wait({reader}, timeout=timeout)
+            if not done:
+                await self._reap(container)
+                # Once the block's processes are gone the stream ends; never wait forever.
+                await asyncio.wait({reader}, timeout=5)
+                return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
+            if isinstance(reader.exception(), OSError):
+                raise DockerUnavailable(
+                    f"lost the connection to the Docker engine: {reader.exception()}"
+                ) from reader.exception()
+            reader.result()
+        finally:
+            _shutdown(sock)
+            # The reader thread ends once the socket is shut; its frames are delivered by then.
+            await asyncio.gather(reader, return_exceptions=True)
+        sinks.raise_error()
+        return CommandOutcome(exit_code=await asyncio.to_thread(_exit_code, api, exec_id))
+
+    async def _reap(self, container: Any) -> None:
+        """Kill every process the block left in the container; replace it if that fails."""
+        assert self._client is not None
+        script = _REAPER.format(grace=self.kill_grace)
+        try:
+            code = await asyncio.to_thread(_run_quiet, self._client.api, container.id, script)
+        except DockerUnavailable:
+            code = -1
+        if code != 0 and not self.fresh_container:
+            # Could not even start the reaper (e.g. the pids limit is exhausted by a fork
+            # bomb) or processes kept appearing: a new container is the sure way out.
+            await asyncio.to_thread(call, "removing the container", force_remove, container)
+            self._container = await asyncio.to_thread(self._create)
+
+
+def _exec_start(
+    api: docker.APIClient, container_id: str, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, Any]:
+    created = api.exec_create(
+        container_id,
+        ["sh", "-c", _WRAPPER, "kernelexec-block", *argv],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        environment=dict(env),
+        workdir=WORKSPACE,
+    )
+    exec_id = created["Id"]
+    return exec_id, api.exec_start(exec_id, socket=True)
+
+
+def _exit_code(api: docker.APIClient, exec_id: str) -> int:
+    """The exec's exit status, once the engine has recorded it."""
+    for _ in range(20):
+        info = call("docker exec", api.exec_inspect, exec_id)
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            return int(info["ExitCode"])
+        time.sleep(0.05)
+    raise DockerUnavailable(
+        "the Docker engine ended the exec's output stream but says the block is still running"
+    )
+
+
+def _run_quiet(api: docker.APIClient, container_id: str, script: str) -> int:
+    """Run a shell script in the container and return its exit status."""
+    with translate_errors("docker exec"):
+        exec_id = api.exec_create(container_id, ["sh", "-c", script], stdout=True, stderr=True)[
+            "Id"
+        ]
+        api.exec_start(exec_id)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+    return -1 if code is None else int(code)
+
+
+class _Sinks:
+    """Delivers frames to the executor's sinks; a sink's exception is kept for ``run`` to raise."""
+
+    def __init__(self, on_stdout: ByteSink, on_stderr: ByteSink) -> None:
+        self._sinks = {STDERR: on_stderr}
+        self._default = on_stdout
+        self.error: BaseException | None = None
+
+    def deliver(self, stream: int, data: bytes) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._sinks.get(stream, self._default)(data)
+        except Exception as exc:
+            self.error = exc
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _pump(sock: Any, loop: asyncio.AbstractEventLoop, sinks: _Sinks) -> None:
+    """Read exec frames (in a worker thread) and hand each to the event loop as it arrives."""
+    for stream, data in frames_iter(sock, tty=False):  # type: ignore[no-untyped-call]
+        loop.call_soon_threadsafe(sinks.deliver, stream, data)
+
+
+def _shutdown(sock: Any) -> None:
+    """Unblock a reader thread and close the exec socket."""
+    raw = getattr(sock, "_sock", sock)
+    with contextlib.suppress(OSError, AttributeError):
+        raw.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()  # a SocketIO wrapper: closing it leaves the socket itself open
+        raw.close()

@@ -1,0 +1,209 @@
+"""Local kernels: a jupyter_client ``AsyncKernelManager`` and its ``AsyncKernelClient``.
+
+The kernel is any installed kernelspec (``python3`` by default) or, given ``python=``, that
+interpreter (or virtualenv) running ``ipykernel_launcher``. jupyter_client starts it in a session
+of its own, so interrupts and kills reach the whole process group; after shutdown the group is
+killed too, so a child a block forked does not outlive the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
+
+from .._errors import BackendUnavailable, KernelStartFailed
+from .base import KernelBackend, KernelClientLike
+from .local_command import resolve_python
+
+_SHUTDOWN_WAIT = 3.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
+
+
+class _InterpreterSpecs(KernelSpecManager):
+    """Serves one kernelspec: ``ipykernel_launcher`` under a given interpreter."""
+
+    def __init__(self, python: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._spec = KernelSpec(
+            argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            display_name=f"Python ({python})",
+            language="python",
+            interrupt_mode="signal",
+        )
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return self._spec
+
+
+class LocalKernel(KernelBackend):
+    """A kernel process on this machine."""
+
+    kind = "local-kernel"
+
+    def __init__(
+        self,
+        *,
+        kernel_name: str = "python3",
+        python: str | os.PathLike[str] | None = None,
+        shutdown_wait: float = _SHUTDOWN_WAIT,
+    ) -> None:
+        self.kernel_name = kernel_name
+        self.python = None if python is None else resolve_python(python)
+        self.shutdown_wait = shutdown_wait
+        self._km: AsyncKernelManager | None = None
+        self._kc: AsyncKernelClient | None = None
+        self._pgid: int | None = None
+        self._work_dir: Path | None = None
+        self._env: dict[str, str] = {}
+        self._ipc_dir: str | None = None
+
+    @property
+    def client(self) -> KernelClientLike:
+        if self._kc is None:
+            raise KernelStartFailed("the kernel is not running")
+        return self._kc
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel process id (None when no kernel runs)."""
+        provisioner = getattr(self._km, "provisioner", None)
+        return getattr(provisioner, "pid", None)
+
+    async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        if self.python is not None:
+            await _check_ipykernel(self.python)
+        self._work_dir, self._env = work_dir, dict(env)
+        await self._launch(timeout)
+
+    async def _launch(self, timeout: float) -> None:
+        try:
+            await self._start_kernel()
+            await self._connect(timeout)
+        except BaseException:
+            await self._stop(now=True)  # nothing half-started is left behind
+            raise
+
+    async def _start_kernel(self) -> None:
+        assert self._work_dir is not None
+        self._km = km = self._manager()
+        try:
+            await km.start_kernel(cwd=str(self._work_dir), env=self._env)
+        except NoSuchKernel as exc:
+            raise KernelStartFailed(f"no kernelspec named {self.kernel_name!r}") from exc
+        except (OSError, RuntimeError) as exc:
+            raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
+        self._pgid = getattr(km.provisioner, "pgid", None)
+
+    async def _connect(self, timeout: float) -> None:
+        assert self._km is not None
+        self._kc = kc = self._km.client()
+        kc.start_channels(hb=False)  # liveness comes from the process itself
+        try:
+            await kc.wait_for_ready(timeout=timeout)
+        except (RuntimeError, TimeoutError) as exc:
+            reason = self.death_reason()
+            detail = f"it exited ({reason})" if reason else f"no answer within {timeout:g} s"
+            raise KernelStartFailed(f"the kernel did not start: {detail}") from exc
+
+    def _manager(self) -> AsyncKernelManager:
+        # IPC sockets in a private folder: nothing listens on a TCP port, and no other local
+        # user can connect (ipykernel warns about unencrypted TCP otherwise).
+        self._ipc_dir = tempfile.mkdtemp(prefix="kernelexec-ipc-")
+        options: dict[str, Any] = {"transport": "ipc", "ip": os.path.join(self._ipc_dir, "k")}
+        if self.python is None:
+            km = AsyncKernelManager(kernel_name=self.kernel_name, **options)
+        else:
+            specs = _InterpreterSpecs(self.python)
+            km = AsyncKernelManager(
+                kernel_name="kernelexec-python", kernel_spec_manager=specs, **options
+            )
+        km.shutdown_wait_time = self.shutdown_wait
+        return km
+
+    async def interrupt(self) -> None:
+        if self._km is not None:
+            with contextlib.suppress(RuntimeError, OSError):
+                await self._km.interrupt_kernel()
+
+    async def restart(self, *, timeout: float) -> None:
+        # A fresh manager and client, not jupyter_client's in-place restart: no stale messages
+        # and no port reuse races. State is lost either way; so the old kernel is killed.
+        await self._stop(now=True)
+        await self._launch(timeout)
+
+    async def is_alive(self) -> bool:
+        return self._km is not None and bool(await self._km.is_alive())
+
+    def death_reason(self) -> str | None:
+        process = getattr(getattr(self._km, "provisioner", None), "process", None)
+        code = None if process is None else process.poll()
+        if code is None:
+            return None
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by signal {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    async def shutdown(self) -> None:
+        await self._stop(now=False)
+
+    async def _stop(self, *, now: bool) -> None:
+        kc, self._kc = self._kc, None
+        km, self._km = self._km, None
+        pgid, self._pgid = self._pgid, None
+        try:
+            if kc is not None:
+                kc.stop_channels()
+            if km is not None:
+                await _shutdown_manager(km, now=now)
+        finally:
+            if pgid is not None:
+                # Whatever the block started (a forked child, a server) goes with the kernel.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            ipc_dir, self._ipc_dir = self._ipc_dir, None
+            if ipc_dir is not None:
+                shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+async def _shutdown_manager(km: AsyncKernelManager, *, now: bool) -> None:
+    try:
+        if await km.is_alive():
+            await km.shutdown_kernel(now=now)
+        else:
+            await km.cleanup_resources()
+    except (RuntimeError, OSError):
+        # The polite path failed (e.g. the control channel is gone): kill, then clean up.
+        with contextlib.suppress(RuntimeError, OSError):
+            await km.shutdown_kernel(now=True)
+    finally:
+        context = getattr(km, "context", None)
+        if context is not None and not context.closed:
+            context.destroy(linger=0)
+
+
+async def _check_ipykernel(python: str) -> None:
+    """Fail early and clearly when the interpreter cannot run a kernel at all."""
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        "-c",
+        "import ipykernel",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        detail = err.decode(errors="replace").strip().splitlines()[-1:] or ["unknown error"]
+        raise BackendUnavailable(
+            f"{python} cannot run an IPython kernel ({detail[0]}); install ipykernel there"
+        )

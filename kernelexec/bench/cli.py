@@ -1,0 +1,120 @@
+"""The ``kernelexec bench`` sub-command (registered by ``kernelexec.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .executors import DEFAULT_IMAGE, EXECUTOR_NAMES, GROUPS, select_specs
+from .output import write_outputs
+from .report import JSON_NAME, print_tables, to_json, write_json
+from .runner import BenchConfig, BenchResults, run_benchmarks
+from .workloads import WORKLOAD_NAMES, build_workloads
+
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark stateless vs stateful executors beside their floors",
+        description="Run workloads through every available executor and the raw floors "
+        "(subprocess, jupyter_client, docker exec) in the same run; write JSON, Markdown "
+        "and PNG charts.",
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes, one session per row")
+    bench.add_argument(
+        "--workloads",
+        nargs="+",
+        metavar="NAME",
+        default=list(WORKLOAD_NAMES),
+        help=f"any of: {', '.join(WORKLOAD_NAMES)}",
+    )
+    bench.add_argument(
+        "--executors",
+        nargs="+",
+        metavar="NAME",
+        help=f"any of: {', '.join((*EXECUTOR_NAMES, *GROUPS))} (default: all; "
+        "the floors of the chosen rows are added)",
+    )
+    bench.add_argument("--out", default="bench-results", help="folder for the files written")
+    bench.add_argument("--json", action="store_true", help="print the JSON instead of tables")
+    bench.add_argument("--sessions", type=int, help="sessions per row (default 3, quick 1)")
+    bench.add_argument("--rows", type=int, help="analysis CSV rows (default 1,000,000)")
+    bench.add_argument("--image", default=DEFAULT_IMAGE, help="image for the Docker rows")
+    bench.add_argument("--timeout", type=float, default=300.0, help="seconds per block")
+    bench.add_argument("--no-floors", action="store_true", help="do not add the floor rows")
+    bench.add_argument("--no-memory", action="store_true", help="do not sample memory")
+    bench.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=cmd_bench)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """Validate names up front, so a typo fails before anything starts."""
+    workloads = tuple(args.workloads)
+    build_workloads(workloads, quick=True)  # raises ValueError listing the valid names
+    executors = tuple(args.executors) if args.executors else None
+    select_specs(executors)
+    return BenchConfig(
+        workloads=workloads,
+        executors=executors,
+        quick=args.quick,
+        sessions=args.sessions,
+        rows=args.rows,
+        with_floors=not args.no_floors,
+        memory=not args.no_memory,
+        image=args.image,
+        timeout=args.timeout,
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"kernelexec bench: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "kernelexec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None
+    results = _run_with_progress(config, out, show=not args.no_progress)
+    written = write_outputs(results, out, command=command, charts=not args.no_charts)
+    if args.json:
+        print(json.dumps(to_json(results), indent=2, default=str))
+    else:
+        print_tables(results, Console())
+        print("wrote: " + ", ".join(str(p) for p in written.values()))
+    if results.interrupted:
+        return EXIT_INTERRUPTED
+    return 1 if any(r.status == "failed" for r in results.rows) else 0
+
+
+def _run_with_progress(config: BenchConfig, out: Path, *, show: bool) -> BenchResults:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} sessions"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not show,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("starting", total=None)
+
+        def on_progress(description: str, done: int, planned: int) -> None:
+            progress.update(task, description=description, completed=done, total=planned)
+
+        def on_update(partial: Any) -> None:
+            # Written after every session, so even a hard kill leaves the rows measured so far.
+            write_json(partial, out / JSON_NAME)
+
+        return run_benchmarks(config, on_progress=on_progress, on_update=on_update)

@@ -1,0 +1,411 @@
+"""The executor rows: floors, kernelexec's executors and the optional peers.
+
+Each row says whether it is stateful, which floor it is measured against, how to tell whether it
+can run here (a reason when not: module missing, no Docker engine, image not built) and how to
+open a session. Rows that cannot run are reported as unavailable with that reason; the rest run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .sessions import (
+    Ag2Session,
+    AutogenSession,
+    DockerCliSession,
+    JupyterClientSession,
+    KernelexecSession,
+    PoolSession,
+    Session,
+    SubprocessSession,
+    block_env,
+    wait_for_idle,
+)
+
+DEFAULT_IMAGE = "kernelexec/python:latest"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchContext:
+    """Run-wide settings every row reads when it opens a session."""
+
+    python: str = sys.executable
+    image: str = DEFAULT_IMAGE
+    timeout: float = 300.0
+
+
+Opener = Callable[[BenchContext, Path, Any], Session]
+"""(context, work dir, the row's shared resource or None) -> an open session."""
+Shared = Callable[[BenchContext], AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSpec:
+    name: str
+    label: str
+    group: str  # "floor" | "kernelexec" | "peer"
+    stateful: bool
+    check: Callable[[BenchContext], str | None]
+    open: Opener
+    floor: str | None = None  # the floor row this one is divided by
+    workloads: tuple[str, ...] | None = None  # None: every workload
+    max_blocks: int | None = None  # cap for slow rows (a container per block)
+    docker: bool = False  # runs in the kernelexec image (it has numpy, pandas, matplotlib)
+    shared: Shared | None = None  # made once per run before the row's first session (a pool)
+
+
+def _import(module: str, attr: str) -> tuple[Any, str | None]:
+    """(object, None) or (None, reason) for an optional import."""
+    try:
+        mod = importlib.import_module(module)
+        return getattr(mod, attr), None
+    except Exception as exc:  # optional peers fail in many ways (RuntimeError for extras)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"{module}.{attr} cannot be imported ({type(exc).__name__}: {first})"
+
+
+def _needs(module: str, attr: str) -> Callable[[BenchContext], str | None]:
+    return lambda ctx: _import(module, attr)[1]
+
+
+@functools.lru_cache(maxsize=8)
+def docker_problem(image: str) -> str | None:
+    """Why Docker rows cannot run (no CLI, engine down, image missing), or None."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no Docker engine answers ({exc})"
+    if info.returncode != 0:
+        return "no Docker engine answers (start dockerd, or see `docker info`)"
+    image_ok = subprocess.run(
+        ["docker", "image", "inspect", image],
+        capture_output=True,
+        timeout=20,
+        stdin=subprocess.DEVNULL,
+    )
+    if image_ok.returncode != 0:
+        return f"image {image} is not built (run `kernelexec image build --offline`)"
+    return None
+
+
+def _all(*checks: Callable[[BenchContext], str | None]) -> Callable[[BenchContext], str | None]:
+    def check(ctx: BenchContext) -> str | None:
+        for c in checks:
+            reason = c(ctx)
+            if reason is not None:
+                return reason
+        return None
+
+    return check
+
+
+def _docker_check(ctx: BenchContext) -> str | None:
+    return docker_problem(ctx.image)
+
+
+def _kernelspec_check(ctx: BenchContext) -> str | None:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if "python3" not in KernelSpecManager().find_kernel_specs():
+        return "no python3 kernelspec is installed"
+    return None
+
+
+def _never(ctx: BenchContext) -> str | None:
+    return None
+
+
+# -- openers ----------------------------------------------------------------------------------
+
+
+def _open_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from .._command import CommandLineExecutor
+
+    return KernelexecSession(
+        CommandLineExecutor(python=ctx.python, work_dir=work, timeout=ctx.timeout)
+    )
+
+
+def _open_kernel(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    cls, reason = _import("kernelexec._kernel", "KernelExecutor")
+    assert reason is None, reason
+    return KernelexecSession(cls(work_dir=work, timeout=ctx.timeout))
+
+
+def _open_docker_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from .._command import CommandLineExecutor
+
+    backend_cls, reason = _import("kernelexec.backends.docker_command", "DockerCommand")
+    assert reason is None, reason
+    return KernelexecSession(
+        CommandLineExecutor(backend_cls(image=ctx.image), work_dir=work, timeout=ctx.timeout)
+    )
+
+
+def _open_docker_kernel(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    cls, reason = _import("kernelexec._kernel", "KernelExecutor")
+    backend_cls, reason2 = _import("kernelexec.backends.docker_kernel", "DockerKernel")
+    assert reason is None and reason2 is None, reason or reason2
+    return KernelexecSession(
+        cls(backend=backend_cls(image=ctx.image), work_dir=work, timeout=ctx.timeout)
+    )
+
+
+@contextmanager
+def _pool(ctx: BenchContext) -> Iterator[Any]:
+    from ..pool import KernelPool, PoolOptions
+
+    pool = KernelPool(options=PoolOptions(min_size=1, max_size=2), timeout=ctx.timeout)
+    try:
+        wait_for_idle(pool, 120)
+        yield pool
+    finally:
+        pool.close()
+
+
+def _open_pool(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    return PoolSession(shared)
+
+
+def _open_ag2_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from autogen.coding import LocalCommandLineCodeExecutor
+
+    return Ag2Session(LocalCommandLineCodeExecutor(work_dir=work, timeout=int(ctx.timeout)))
+
+
+def _open_ag2_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from autogen.coding.jupyter import JupyterCodeExecutor, LocalJupyterServer
+
+    server = LocalJupyterServer()
+    try:
+        executor = JupyterCodeExecutor(server, output_dir=work, timeout=int(ctx.timeout))
+    except BaseException:
+        server.stop()
+        raise
+
+    def closer() -> None:
+        try:
+            executor.stop()
+        finally:
+            server.stop()
+
+    # The gateway's kernels start in its own directory, not the work dir.
+    return Ag2Session(executor, closer=closer, absolute_data=True)
+
+
+def _open_autogen_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from autogen_ext.code_executors.local import LocalCommandLineCodeExecutor
+
+    return AutogenSession(LocalCommandLineCodeExecutor(work_dir=work, timeout=int(ctx.timeout)))
+
+
+def _open_autogen_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from autogen_ext.code_executors.jupyter import JupyterCodeExecutor
+
+    return AutogenSession(
+        JupyterCodeExecutor(output_dir=work, timeout=int(ctx.timeout)), absolute_data=True
+    )
+
+
+def _kernel_gateway_check(ctx: BenchContext) -> str | None:
+    if importlib.util.find_spec("kernel_gateway") is None:
+        return "AG2's Jupyter executor needs jupyter-kernel-gateway in this environment"
+    return None
+
+
+SPECS: tuple[ExecutorSpec, ...] = (
+    ExecutorSpec(
+        name="subprocess",
+        label="raw subprocess.run",
+        group="floor",
+        stateful=False,
+        check=_never,
+        open=lambda ctx, work, _: SubprocessSession(work, ctx.python),
+    ),
+    ExecutorSpec(
+        name="jupyter-client",
+        label="raw jupyter_client",
+        group="floor",
+        stateful=True,
+        check=_kernelspec_check,
+        open=lambda ctx, work, _: JupyterClientSession(work, ctx.timeout),
+    ),
+    ExecutorSpec(
+        name="docker-exec",
+        label="raw docker exec",
+        group="floor",
+        stateful=False,
+        check=_docker_check,
+        docker=True,
+        open=lambda ctx, work, _: DockerCliSession(work, ctx.image, per_block=False),
+    ),
+    ExecutorSpec(
+        name="docker-run",
+        label="raw docker run --rm",
+        group="floor",
+        stateful=False,
+        check=_docker_check,
+        docker=True,
+        workloads=("trivial",),
+        max_blocks=5,
+        open=lambda ctx, work, _: DockerCliSession(work, ctx.image, per_block=True),
+    ),
+    ExecutorSpec(
+        name="command",
+        label="kernelexec command",
+        group="kernelexec",
+        stateful=False,
+        check=_never,
+        open=_open_command,
+        floor="subprocess",
+    ),
+    ExecutorSpec(
+        name="kernel",
+        label="kernelexec kernel",
+        group="kernelexec",
+        stateful=True,
+        check=_needs("kernelexec._kernel", "KernelExecutor"),
+        open=_open_kernel,
+        floor="jupyter-client",
+    ),
+    ExecutorSpec(
+        name="docker-command",
+        label="kernelexec docker command",
+        group="kernelexec",
+        stateful=False,
+        docker=True,
+        floor="docker-exec",
+        open=_open_docker_command,
+        check=_all(_needs("kernelexec.backends.docker_command", "DockerCommand"), _docker_check),
+    ),
+    ExecutorSpec(
+        name="docker-kernel",
+        label="kernelexec docker kernel",
+        group="kernelexec",
+        stateful=True,
+        docker=True,
+        floor="kernel",
+        open=_open_docker_kernel,
+        check=_all(
+            _needs("kernelexec._kernel", "KernelExecutor"),
+            _needs("kernelexec.backends.docker_kernel", "DockerKernel"),
+            _docker_check,
+        ),
+    ),
+    ExecutorSpec(
+        name="pool",
+        label="kernelexec pooled kernel",
+        group="kernelexec",
+        stateful=True,
+        check=_needs("kernelexec.pool", "KernelPool"),
+        open=_open_pool,
+        shared=_pool,
+        floor="kernel",
+    ),
+    ExecutorSpec(
+        name="ag2-command",
+        label="AG2 LocalCommandLineCodeExecutor",
+        group="peer",
+        stateful=False,
+        floor="subprocess",
+        open=_open_ag2_command,
+        check=_needs("autogen.coding", "LocalCommandLineCodeExecutor"),
+    ),
+    ExecutorSpec(
+        name="ag2-jupyter",
+        label="AG2 JupyterCodeExecutor",
+        group="peer",
+        stateful=True,
+        floor="jupyter-client",
+        open=_open_ag2_jupyter,
+        check=_all(_needs("autogen.coding.jupyter", "JupyterCodeExecutor"), _kernel_gateway_check),
+    ),
+    ExecutorSpec(
+        name="autogen-command",
+        label="autogen-ext LocalCommandLineCodeExecutor",
+        group="peer",
+        stateful=False,
+        floor="subprocess",
+        open=_open_autogen_command,
+        check=_needs("autogen_ext.code_executors.local", "LocalCommandLineCodeExecutor"),
+    ),
+    ExecutorSpec(
+        name="autogen-jupyter",
+        label="autogen-ext JupyterCodeExecutor",
+        group="peer",
+        stateful=True,
+        floor="jupyter-client",
+        open=_open_autogen_jupyter,
+        check=_needs("autogen_ext.code_executors.jupyter", "JupyterCodeExecutor"),
+    ),
+)
+
+EXECUTOR_NAMES = tuple(s.name for s in SPECS)
+GROUPS = {"floors": "floor", "kernelexec": "kernelexec", "peers": "peer"}
+
+
+def spec_named(name: str) -> ExecutorSpec:
+    for spec in SPECS:
+        if spec.name == name:
+            return spec
+    raise ValueError(f"unknown executor: {name} (valid: {', '.join(EXECUTOR_NAMES)})")
+
+
+def select_specs(names: Sequence[str] | None, *, with_floors: bool = True) -> list[ExecutorSpec]:
+    """The rows to run, in table order; ``names`` may use the group names too.
+
+    Unknown names raise ``ValueError`` listing the valid ones. The floors the chosen rows are
+    measured against are added, so every ratio has its denominator from the same run.
+    """
+    if not names or "all" in names:
+        return list(SPECS)
+    valid = (*EXECUTOR_NAMES, *GROUPS, "all")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown executor(s): {', '.join(unknown)} (valid: {', '.join(valid)})")
+    chosen = {
+        s.name for s in SPECS if s.name in names or any(GROUPS.get(n) == s.group for n in names)
+    }
+    if with_floors:
+        pending = list(chosen)
+        while pending:
+            floor = spec_named(pending.pop()).floor
+            if floor is not None and floor not in chosen:
+                chosen.add(floor)
+                pending.append(floor)
+    return [s for s in SPECS if s.name in chosen]
+
+
+def missing_modules(python: str, modules: Sequence[str]) -> list[str]:
+    """Which of ``modules`` the interpreter ``python`` cannot import (one quick process)."""
+    if not modules:
+        return []
+    probe = (
+        "import importlib.util, sys\n"
+        "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    )
+    proc = subprocess.run(
+        [python, "-c", probe, *modules],
+        capture_output=True,
+        timeout=60,
+        env=block_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    return proc.stdout.decode().split()

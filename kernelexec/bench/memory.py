@@ -1,0 +1,139 @@
+"""Peak memory of what a session runs: the bench process's children (kernels, per-block
+processes, docker clients) and, for containers, the container's memory cgroup.
+
+Read from ``/proc`` and ``/sys/fs/cgroup`` directly (Linux), so no psutil is needed. A thread
+samples every ``interval`` seconds; a per-block process shorter than that may be missed, which
+the report states.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_CGROUP_ROOTS = (
+    # cgroup v1 (docker's cgroupfs driver), then v2
+    "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",
+    "/sys/fs/cgroup/docker/{id}/memory.current",
+)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's ``children`` list), [] if it is gone."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+        except OSError:
+            continue
+        found.extend(int(c) for c in text.split())
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, breadth first."""
+    out: list[int] = []
+    queue = children_of(pid)
+    while queue:
+        child = queue.pop()
+        out.append(child)
+        queue.extend(children_of(child))
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of one process, 0 when it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+    except OSError:
+        return 0
+    return int(fields[1]) * _PAGE
+
+
+def tree_rss(root: int) -> int:
+    """Summed RSS of every descendant of ``root`` (not ``root`` itself)."""
+    return sum(rss_bytes(p) for p in descendants(root))
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def container_memory(container_id: str) -> int:
+    """A container's current memory use from its cgroup, 0 if it cannot be read."""
+    for template in _CGROUP_ROOTS:
+        try:
+            return int(Path(template.format(id=container_id)).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+class PeakSampler:
+    """Samples the memory of the bench process's descendants (and containers) in a thread.
+
+    ``containers`` is called on every sample, so container ids that appear mid-session count.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: float = 0.05,
+        root: int | None = None,
+        containers: Callable[[], Iterable[str]] | None = None,
+        exclude: Iterable[int] = (),
+    ) -> None:
+        self.interval = interval
+        self.root = os.getpid() if root is None else root
+        self._containers = containers
+        self._exclude = frozenset(exclude)
+        self.peak = 0
+        self.peak_detail: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kernelexec-bench-mem", daemon=True)
+
+    def sample(self) -> int:
+        sizes = {p: rss_bytes(p) for p in descendants(self.root) if p not in self._exclude}
+        total = sum(sizes.values())
+        containers = {c: container_memory(c) for c in (self._containers or list)()}
+        total += sum(containers.values())
+        self.samples += 1
+        if total > self.peak:
+            self.peak = total
+            # What made up the peak, so a surprising figure can be explained from the JSON.
+            self.peak_detail = {f"{_comm(p)}[{p}]": v for p, v in sizes.items() if v}
+            self.peak_detail.update({f"container {c[:12]}": v for c, v in containers.items()})
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception:  # a sampler must never take the run down; it reports what it saw
+                continue
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,158 @@
+"""``kernelexec run`` as a user runs it: a real ``python -m kernelexec`` process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kernelexec
+
+
+def kx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kernelexec", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    # Another executor may become the default: these tests are about the command executor.
+    return kx("run", *args, "--executor", "command", stdin=stdin)
+
+
+MESSAGE = """Here is the plan.
+
+```python
+print("from python")
+```
+
+Then:
+
+```bash
+echo "from bash"
+```
+"""
+
+
+def test_markdown_message(tmp_path: Path) -> None:
+    message = tmp_path / "message.md"
+    message.write_text(MESSAGE)
+    proc = run(str(message))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("exitcode: 0 (execution succeeded)\nCode output: from python\n")
+    assert "from bash\n" in proc.stdout
+
+
+def test_message_from_stdin() -> None:
+    proc = run("-", stdin=MESSAGE)
+    assert proc.returncode == 0, proc.stderr
+    assert "from python" in proc.stdout and "from bash" in proc.stdout
+
+
+def test_message_without_code() -> None:
+    proc = run("-", stdin="No code here, sorry.")
+    assert proc.returncode == 0
+    assert "No code blocks found" in proc.stdout
+
+
+def test_python_file_and_exit_status(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text("print('about to fail')\nraise SystemExit(7)\n")
+    proc = run(str(script))
+    assert proc.returncode == 7
+    assert proc.stdout.startswith("exitcode: 7 (execution failed)\nCode output: about to fail\n")
+
+
+def test_python_error_exits_1(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text("1 / 0\n")
+    proc = run(str(script))
+    assert proc.returncode == 1
+    assert "ZeroDivisionError" in proc.stdout
+
+
+def test_shell_file(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text('echo "shell says $((6 * 7))"\nexit 3\n')
+    proc = run(str(script))
+    assert proc.returncode == 3
+    assert "shell says 42" in proc.stdout
+
+
+def test_work_dir_keeps_files(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    proc = run("-", "--work-dir", str(work), stdin="```py\nopen('out.txt', 'w').write('hi')\n```")
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "out.txt").read_text() == "hi"
+    assert f"Files: {work / 'out.txt'}" in proc.stdout
+
+
+def test_default_work_dir_keeps_files_the_result_names() -> None:
+    proc = run("--json", "-", stdin="```py\nopen('out.txt', 'w').write('kept')\n```")
+    assert proc.returncode == 0, proc.stderr
+    [name] = json.loads(proc.stdout)["files"]
+    path = Path(name)
+    try:
+        assert path.read_text() == "kept"
+    finally:
+        shutil.rmtree(path.parent)
+
+
+def test_timeout() -> None:
+    started = time.monotonic()
+    proc = run("--timeout", "1", "-", stdin="```python\nwhile True:\n    pass\n```")
+    assert time.monotonic() - started < 15
+    assert proc.returncode == 124
+    assert proc.stdout.startswith("exitcode: 124 (execution timed out)")
+    assert "Timeout" in proc.stdout
+
+
+def test_json_output(tmp_path: Path) -> None:
+    proc = run("--json", "--work-dir", str(tmp_path), "-", stdin="```py\nprint('j')\n```")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["exit_code"] == 0
+    assert data["output"] == "j\n"
+    assert data["code_file"].startswith(str(tmp_path))
+    assert data["files"] == [] and data["timed_out"] is False
+
+
+def test_json_exit_status_mirrors_result(tmp_path: Path) -> None:
+    proc = run("--json", "--work-dir", str(tmp_path), "-", stdin="```sh\nexit 5\n```")
+    assert proc.returncode == 5
+    assert json.loads(proc.stdout)["exit_code"] == 5
+
+
+def test_version() -> None:
+    proc = kx("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"kernelexec {kernelexec.__version__}"
+
+
+def test_unknown_executor_lists_valid_names() -> None:
+    proc = kx("run", "-", "--executor", "nope", stdin="```py\nprint(1)\n```")
+    assert proc.returncode != 0
+    assert "unknown executor 'nope'" in proc.stderr
+    assert "command" in proc.stderr.split("valid:", 1)[1]
+
+
+def test_missing_file() -> None:
+    proc = run("/no/such/message.md")
+    assert proc.returncode == 2
+    assert "no such file" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["run"]])
+def test_usage_errors(args: list[str]) -> None:
+    proc = kx(*args)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr

@@ -1,0 +1,82 @@
+"""Helpers the docker tests share (a module of its own: tests/docker is not a package)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from kernelexec._docker import LABEL_SESSION
+
+
+def containers_of(client: docker.DockerClient, session: str) -> list[Any]:
+    """Containers (running or not) created by one back end instance."""
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session}"})
+    return list(found)
+
+
+def processes(container: Any) -> list[str]:
+    """Command lines of every process in a container (from the engine, not an exec)."""
+    return [row[-1] for row in container.top(ps_args="-o pid,args")["Processes"]]
+
+
+class SocketProxy:
+    """A unix-socket proxy in front of the engine that a test can cut, like an engine dying."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock") -> None:
+        self.path = path
+        self.target = target
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(16)
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.target)
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        """Drop the listener and every open connection at once."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for sock in [self._listener, *conns]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,72 @@
+"""Fixtures for the framework adapters and the built-in loop: executors of both kinds, and the
+throwaway venv + local wheel the "missing module" flow installs from (no network)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelexec import CommandLineExecutor, SyncExecutor
+
+from ._fixtures import build_demo_wheel, make_venv
+
+HAVE_KERNEL = importlib.util.find_spec("kernelexec._kernel") is not None
+
+KINDS = [
+    "command",
+    pytest.param(
+        "kernel",
+        marks=pytest.mark.skipif(not HAVE_KERNEL, reason="kernelexec._kernel is not built yet"),
+    ),
+]
+
+
+def sync_executor(kind: str, **options: Any) -> SyncExecutor[Any]:
+    if kind == "kernel":
+        from kernelexec import KernelExecutor
+
+        executor: SyncExecutor[Any] = KernelExecutor(**options)
+        return executor
+    return CommandLineExecutor(**options)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def shared_executor(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One executor per kind for a module's tests where leftover state does not matter."""
+    work = tmp_path_factory.mktemp(f"work-{kind}")
+    with sync_executor(kind, work_dir=work, timeout=60) as executor:
+        yield executor
+
+
+@dataclass(frozen=True)
+class PipSetup:
+    """A venv the executor's Python installs into, and the wheel to install."""
+
+    python: Path
+    wheel: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def pip_setup(tmp_path: Path) -> PipSetup:
+    python = make_venv(tmp_path / "venv")
+    wheel = build_demo_wheel(tmp_path)
+    path = f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {"PATH": path, "VIRTUAL_ENV": str(python.parent.parent), "PIP_NO_INDEX": "1"}
+    return PipSetup(python=python, wheel=wheel, env=env)
+
+
+def venv_executor(kind: str, setup: PipSetup, work_dir: Path) -> SyncExecutor[Any]:
+    """An executor whose Python (process or kernel) is the throwaway venv's."""
+    return sync_executor(kind, python=setup.python, env=setup.env, work_dir=work_dir, timeout=90)

@@ -1,0 +1,167 @@
+"""Smoke tests of ``kernelexec bench``: real kernels and processes, no timing asserts.
+
+The bench runs as a subprocess, as a user would run it, so its memory sampling sees only its
+own children and a SIGINT reaches it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib import image as mpimg
+
+from kernelexec.bench.memory import descendants
+
+WORKLOADS = ("trivial", "imports", "analysis", "plots")
+ROWS = ("subprocess", "jupyter-client", "command", "kernel")
+
+
+def _bench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kernelexec", "bench", "--no-progress", *args]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        _bench("--quick", "--executors", "command", "kernel", "--out", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_run_measures_both_executors_and_their_floors(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, data = quick_run
+    assert data["interrupted"] is False
+    rows = {(r["workload"], r["executor"]): r for r in data["rows"]}
+    # The floors were added for the two rows asked for, and nothing else ran.
+    assert {e for _, e in rows} == set(ROWS)
+    for workload in WORKLOADS:
+        for executor in ROWS:
+            row = rows[(workload, executor)]
+            assert row["status"] == "ok", row
+            (session,) = row["sessions"]
+            assert session["error"] is None
+            assert row["block"]["n"] == len(session["block_s"]) > 0
+            assert 0 < row["block"]["p50"] <= row["block"]["p90"] <= row["block"]["max"]
+            assert session["startup_s"] > 0 and session["total_s"] >= session["startup_s"]
+            assert session["peak_rss"] > 0, "memory sampling saw no process"
+    assert rows[("analysis", "kernel")]["block"]["n"] == 10
+    ratios = {(r["workload"], r["executor"]): r for r in data["floor_ratios"]}
+    assert ratios[("trivial", "kernel")]["floor"] == "jupyter-client"
+    assert ratios[("trivial", "kernel")]["block_p50"] > 0
+    assert ratios[("trivial", "command")]["floor"] == "subprocess"
+    speedups = {(s["workload"], s["stateless"]) for s in data["speedups"]}
+    assert ("analysis", "command") in speedups
+    targets = {t["name"]: t for t in data["targets"]}
+    assert targets["kernel round trip"]["value"] is not None
+    assert targets["kernel round trip"]["verdict"] in ("met", "NOT met")
+    # --quick is not the size the analysis target is defined for: it must not claim a verdict.
+    assert targets["analysis speed-up"]["verdict"] == "n/a"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_run_writes_markdown_and_charts(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = quick_run
+    text = (out / "report.md").read_text()
+    for workload in WORKLOADS:
+        assert f"## {workload}" in text
+    assert "| kernel | stateful | ok |" in text
+    assert "## Targets" in text and "kernel round trip" in text
+    for name in ("bars.png", "latency.png"):
+        pixels = mpimg.imread(out / name)
+        assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str) -> bool:
+    if _start_time(pid) != started:  # gone, or the pid was reused by another process
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigint_writes_partial_results_and_leaves_no_kernel(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        _bench(
+            "--executors",
+            "kernel",
+            "jupyter-client",
+            "--no-floors",
+            "--workloads",
+            "trivial",
+            "--sessions",
+            "40",
+            "--no-charts",
+            "--out",
+            str(out),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    seen: dict[int, tuple[str, str]] = {}  # pid -> (start time, command line)
+    try:
+        deadline = time.monotonic() + 180
+        sessions = 0
+        while sessions < 2 and time.monotonic() < deadline and proc.poll() is None:
+            for pid in descendants(proc.pid):
+                started = _start_time(pid)
+                if started is not None and pid not in seen:
+                    seen[pid] = (started, _cmdline(pid))
+            try:
+                data = json.loads((out / "results.json").read_text())
+                sessions = sum(len(r["sessions"]) for r in data["rows"])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        assert sessions >= 2, "the bench never finished a session"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr.decode()[-2000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["interrupted"] is True
+    done = sum(len(r["sessions"]) for r in data["rows"])
+    assert 2 <= done < 80
+    assert "interrupted" in (out / "report.md").read_text()
+    kernels = [pid for pid, (_, cmd) in seen.items() if "ipykernel" in cmd]
+    assert kernels, "no kernel was seen while the bench ran"
+    time.sleep(1)  # a kernel that is exiting gets a moment; one still running is a leak
+    leftover = {pid: cmd for pid, (started, cmd) in seen.items() if _alive(pid, started)}
+    assert not leftover, f"processes left behind: {leftover}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""

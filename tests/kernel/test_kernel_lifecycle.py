@@ -1,0 +1,279 @@
+"""Timeouts, kernel death, exit(), restart and clean shutdown: each test owns its kernel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelexec import (
+    AsyncKernelExecutor,
+    BackendUnavailable,
+    ExecutorClosed,
+    KernelDied,
+    KernelExecutor,
+    KernelStartFailed,
+    LocalKernel,
+)
+
+
+def kernel_pid(executor: KernelExecutor) -> int:
+    pid = executor.backend.pid  # type: ignore[attr-defined]
+    assert isinstance(pid, int)
+    return pid
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0); it is gone for our purposes once reaped or defunct.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+# -- Part 5: timeouts -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_timeout_interrupts_and_keeps_state(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("x = 'still here'")
+        pid = kernel_pid(ex)
+        started = time.monotonic()
+        r = ex.execute("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout=1)
+        assert time.monotonic() - started < 5
+        assert (r.exit_code, r.timed_out, r.state_lost) == (124, True, False)
+        assert r.output.startswith("started\n")
+        assert "interrupted" in r.output and "state were kept" in r.output
+        assert "KeyboardInterrupt" not in r.output
+        assert r.error is not None and r.error.ename == "Timeout"
+        assert ex.execute("print(x)").output == "still here\n"
+        assert kernel_pid(ex) == pid  # the same kernel
+
+
+@pytest.mark.slow
+def test_timeout_restarts_a_kernel_that_ignores_the_interrupt(tmp_path: Path) -> None:
+    code = (
+        "import time\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(0.1)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass\n"
+    )
+    with KernelExecutor(work_dir=tmp_path, timeout=30, interrupt_grace=1.0) as ex:
+        ex.execute("x = 1")
+        pid = kernel_pid(ex)
+        started = time.monotonic()
+        r = ex.execute(code, timeout=1)
+        assert time.monotonic() - started < 15
+        assert (r.exit_code, r.timed_out, r.state_lost) == (124, True, True)
+        assert "restarted" in r.output and "state was lost" in r.output
+        assert kernel_pid(ex) != pid
+        assert process_gone(pid)
+        # The new kernel is idle: nothing left queued from the stuck block.
+        assert ex.execute("'x' in globals()").output == "False"
+
+
+def test_a_block_that_never_returns_returns_at_the_timeout(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=1) as ex:
+        started = time.monotonic()
+        r = ex.execute("while True: pass")
+        assert time.monotonic() - started < 5
+        assert r.exit_code == 124 and r.timed_out
+        assert ex.execute("1 + 1", timeout=10).output == "2"
+
+
+# -- Part 6: kernel death ---------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os; os._exit(1)",
+        "import ctypes; ctypes.string_at(0)",  # segfault
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    ],
+    ids=["os-exit", "segfault", "sigkill"],
+)
+def test_kernel_death_is_noticed_fast_and_the_kernel_restarted(tmp_path: Path, code: str) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=60) as ex:
+        ex.execute("x = 1")
+        started = time.monotonic()
+        r = ex.execute(code)
+        assert time.monotonic() - started < 5  # not the 60 s timeout
+        assert r.kernel_died and r.state_lost and r.exit_code == 1
+        assert "kernel died" in r.output and "restarted" in r.output
+        assert r.error is not None and r.error.ename == "KernelDied"
+        after = ex.execute("'x' in globals()")
+        assert after.ok and after.output == "False"
+
+
+@pytest.mark.slow
+def test_death_reason_names_the_signal(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=60) as ex:
+        r = ex.execute("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        assert "SIGKILL" in r.output
+
+
+def test_killed_from_outside_while_idle_then_used(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        os.kill(kernel_pid(ex), signal.SIGKILL)
+        time.sleep(0.2)
+        r = ex.execute("print('hi')")
+        assert r.kernel_died and r.exit_code == 1
+        assert ex.execute("print('hi')").output == "hi\n"
+
+
+def test_without_restart_on_death_the_next_call_raises(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30, restart_on_death=False) as ex:
+        r = ex.execute("import os; os._exit(1)")
+        assert r.kernel_died and not r.state_lost
+        assert "not restarted" in r.output
+        with pytest.raises(KernelDied):
+            ex.execute("1")
+        ex.restart()  # an explicit restart brings a kernel back
+        assert ex.execute("1 + 1").output == "2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code", ["exit()", "quit()"])
+def test_exit_and_quit_are_reported_and_never_hang(tmp_path: Path, code: str) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("x = 1")
+        started = time.monotonic()
+        r = ex.execute(f"print('before'); {code}")
+        assert time.monotonic() - started < 10
+        assert r.state_lost and "called exit()" in r.output
+        assert r.output.startswith("before")
+        assert ex.execute("print('after')").output == "after\n"
+
+
+def test_sys_exit_is_an_error_result_and_keeps_state(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("x = 5")
+        r = ex.execute("import sys; sys.exit(3)")
+        assert r.exit_code == 1
+        assert r.error is not None and (r.error.ename, r.error.evalue) == ("SystemExit", "3")
+        assert ex.execute("x").output == "5"
+
+
+# -- Part 1: restart --------------------------------------------------------------------------
+def test_restart_gives_a_clean_kernel(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("x = 1")
+        old = kernel_pid(ex)
+        ex.restart()
+        assert kernel_pid(ex) != old
+        assert process_gone(old)
+        assert ex.execute("'x' in globals()").output == "False"
+        # Set-up ran again: the kernel's interpreter first on PATH for shell blocks.
+        r = ex.execute("command -v python", "sh")
+        assert Path(r.output.strip()).parent == Path(sys.executable).parent
+
+
+# -- Part 11: lifecycle -----------------------------------------------------------------------
+def _socket_count() -> int:
+    return len([fd for fd in os.listdir("/proc/self/fd") if _is_socket(fd)])
+
+
+def _is_socket(fd: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    except OSError:
+        return False
+
+
+def test_close_leaves_no_process_thread_or_socket(tmp_path: Path) -> None:
+    threads_before = set(threading.enumerate())
+    sockets_before = _socket_count()
+    ex = KernelExecutor(work_dir=tmp_path, timeout=30)
+    ex.execute(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    )
+    child = int(ex.execute("child.pid").output)
+    pid = kernel_pid(ex)
+    ipc_dir = Path(ex.backend._ipc_dir)  # type: ignore[attr-defined]
+    assert ipc_dir.is_dir()
+    ex.close()
+    ex.close()  # twice is fine
+    assert process_gone(pid)
+    deadline = time.monotonic() + 5
+    while not process_gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_gone(child)  # what the block started went with the kernel
+    assert set(threading.enumerate()) <= threads_before
+    assert _socket_count() <= sockets_before
+    assert not ipc_dir.exists()
+    with pytest.raises(ExecutorClosed):
+        ex.execute("1")
+
+
+def test_async_context_manager_and_interrupt(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncKernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+            ex_task = asyncio.ensure_future(ex.execute("import time; time.sleep(30)"))
+            await asyncio.sleep(1.0)
+            await ex.interrupt()
+            r = await asyncio.wait_for(ex_task, 10)
+            assert r.error is not None and r.error.ename == "KeyboardInterrupt"
+        assert ex.closed
+        with pytest.raises(ExecutorClosed):
+            await ex.execute("1")
+
+    asyncio.run(main())
+
+
+def test_owned_temp_work_dir_is_removed(tmp_path: Path) -> None:
+    with KernelExecutor(timeout=30) as ex:
+        work = ex.work_dir
+        assert ex.execute("import os; os.getcwd()").output == repr(str(work))
+    assert not work.exists()
+
+
+# -- back end options -------------------------------------------------------------------------
+def test_python_interpreter_option(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30, python=sys.executable) as ex:
+        assert ex.execute("import sys; sys.executable").output == repr(sys.executable)
+
+
+def test_python_without_ipykernel_is_backend_unavailable(tmp_path: Path) -> None:
+    fake = tmp_path / "venv" / "bin"
+    fake.mkdir(parents=True)
+    script = fake / "python"
+    script.write_text("#!/bin/sh\necho 'No module named ipykernel' >&2\nexit 1\n")
+    script.chmod(0o755)
+    with pytest.raises(BackendUnavailable, match="ipykernel"):
+        KernelExecutor(work_dir=tmp_path, python=tmp_path / "venv").start()
+
+
+def test_unknown_kernelspec_is_start_failure(tmp_path: Path) -> None:
+    ex = KernelExecutor(work_dir=tmp_path, kernel_name="no-such-kernel-xyz")
+    with pytest.raises(KernelStartFailed, match="no-such-kernel-xyz"):
+        ex.start()
+    ex.close()
+
+
+def test_a_kernel_that_exits_at_once_is_start_failure(tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    # Imports fine (the check passes) but dies as a kernel.
+    fake.write_text(
+        f'#!/bin/sh\ncase "$2" in ipykernel_launcher) exit 7;; esac\nexec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    backend = LocalKernel(python=fake)
+    ex = KernelExecutor(backend, work_dir=tmp_path / "w", timeout=30)
+    with pytest.raises(KernelStartFailed, match="exit status 7"):
+        ex.start()
+    ex.close()
+    assert backend.pid is None

@@ -1,0 +1,334 @@
+"""The benchmark's statistics, ratios, targets and reports, on fixed numbers (no processes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+
+from kernelexec.bench import executors, report, workloads
+from kernelexec.bench.runner import (
+    BenchConfig,
+    BenchResults,
+    RowResult,
+    SessionRecord,
+    StopFlag,
+)
+from kernelexec.bench.stats import (
+    Summary,
+    TargetCheck,
+    format_bytes,
+    format_ratio,
+    format_seconds,
+    percentile,
+    ratio,
+)
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]  # unsorted on purpose
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 90) == pytest.approx(3.7)
+    assert percentile(values, 100) == 4.0
+    assert percentile([7.0], 90) == 7.0
+
+
+@pytest.mark.parametrize("q", [-1, 101])
+def test_percentile_rejects_bad_q(q: float) -> None:
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        percentile([1.0], q)
+
+
+def test_percentile_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        percentile([], 50)
+
+
+def test_summary_of_fixed_sample() -> None:
+    s = Summary.of([0.010, 0.020, 0.030, 0.040, 0.100])
+    assert s.n == 5
+    assert s.p50 == pytest.approx(0.030)
+    assert s.p90 == pytest.approx(0.076)
+    assert s.p10 == pytest.approx(0.014)
+    assert s.max == 0.100 and s.min == 0.010
+    assert s.mean == pytest.approx(0.040)
+    assert s.stdev == pytest.approx(math.sqrt(0.00125))
+    assert Summary.of([0.5]).stdev == 0.0
+
+
+def test_ratio_handles_missing_and_zero_floors() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(3.0, None) is None
+    assert ratio(3.0, 0.0) is None
+
+
+def test_target_verdicts() -> None:
+    met = TargetCheck.evaluate(name="a", description="", value=1.2, threshold=1.3)
+    missed = TargetCheck.evaluate(name="b", description="", value=1.4, threshold=1.3)
+    higher = TargetCheck.evaluate(
+        name="c", description="", value=6.0, threshold=5.0, higher_is_better=True
+    )
+    absent = TargetCheck.evaluate(name="d", description="", value=None, threshold=1.0)
+    not_here = TargetCheck.evaluate(
+        name="e",
+        description="",
+        value=9.0,
+        threshold=5.0,
+        higher_is_better=True,
+        applicable=False,
+        note="small data",
+    )
+    assert (met.met, missed.met, higher.met) == (True, False, True)
+    assert (met.verdict, missed.verdict) == ("met", "NOT met")
+    assert absent.met is None and absent.verdict == "n/a" and "not measured" in absent.note
+    assert not_here.met is None and not_here.note == "small data"
+    assert met.to_dict()["verdict"] == "met"
+
+
+def test_formatting() -> None:
+    assert format_seconds(None) == "-"
+    assert format_seconds(0.0000042) == "4 µs"
+    assert format_seconds(0.0123) == "12.3 ms"
+    assert format_seconds(2.5) == "2.50 s"
+    assert format_bytes(64 * 1024 * 1024) == "64 MiB"
+    assert format_ratio(1.234) == "1.23x"
+    assert format_ratio(None) == "-"
+
+
+# -- a run built by hand ------------------------------------------------------------------------
+
+
+def _row(
+    workload: str,
+    executor: str,
+    blocks: list[float],
+    *,
+    startup: float,
+    stateful: bool,
+    floor: str | None = None,
+    group: str = "kernelexec",
+) -> RowResult:
+    total = startup + sum(blocks) + 0.01
+    return RowResult(
+        workload=workload,
+        executor=executor,
+        label=executor,
+        group=group,
+        stateful=stateful,
+        floor=floor,
+        status="ok",
+        sessions=[
+            SessionRecord(
+                startup_s=startup,
+                block_s=blocks,
+                close_s=0.01,
+                total_s=total,
+                peak_rss=100 * 1024 * 1024,
+            )
+        ],
+    )
+
+
+@pytest.fixture
+def results() -> BenchResults:
+    r = BenchResults(
+        config=BenchConfig(quick=False, sessions=1),
+        data_rows=1_000_000,
+        started_at="t0",
+        finished_at="t1",
+        machine={"cpus": 2},
+    )
+    r.rows = [
+        _row(
+            "trivial",
+            "subprocess",
+            [0.040, 0.040, 0.040],
+            startup=0.05,
+            stateful=False,
+            group="floor",
+        ),
+        _row(
+            "trivial",
+            "jupyter-client",
+            [0.002, 0.002, 0.002],
+            startup=1.00,
+            stateful=True,
+            group="floor",
+        ),
+        _row(
+            "trivial",
+            "command",
+            [0.044, 0.044, 0.044],
+            startup=0.06,
+            stateful=False,
+            floor="subprocess",
+        ),
+        _row(
+            "trivial",
+            "kernel",
+            [0.003, 0.003, 0.003],
+            startup=1.10,
+            stateful=True,
+            floor="jupyter-client",
+        ),
+        _row("analysis", "command", [1.0] * 10, startup=0.06, stateful=False, floor="subprocess"),
+        _row("analysis", "kernel", [0.1] * 10, startup=0.89, stateful=True, floor="jupyter-client"),
+        RowResult(
+            workload="trivial",
+            executor="docker-kernel",
+            label="d",
+            group="kernelexec",
+            stateful=True,
+            floor="kernel",
+            status="unavailable",
+            reason="no engine",
+        ),
+    ]
+    return r
+
+
+def test_floor_ratios(results: BenchResults) -> None:
+    by_key = {(r["workload"], r["executor"]): r for r in report.floor_ratios(results)}
+    assert by_key[("trivial", "command")]["block_p50"] == pytest.approx(1.1)
+    assert by_key[("trivial", "kernel")]["block_p50"] == pytest.approx(1.5)
+    # start-up is pooled over workloads: kernel (1.10, 0.89) -> p50 0.995 over the floor's 1.00
+    assert by_key[("trivial", "kernel")]["startup_p50"] == pytest.approx(0.995)
+    # analysis has no floor rows measured here: no ratio is invented
+    assert by_key[("analysis", "command")]["block_p50"] is None
+    assert ("trivial", "docker-kernel") not in by_key
+
+
+def test_speedups_use_session_times(results: BenchResults) -> None:
+    analysis = next(
+        s
+        for s in report.speedups(results)
+        if s["workload"] == "analysis" and s["stateful"] == "kernel"
+    )
+    assert analysis["session"] == pytest.approx((0.06 + 10 + 0.01) / (0.89 + 1.0 + 0.01))
+    assert analysis["blocks_only"] == pytest.approx(10.0)
+
+
+def test_targets(results: BenchResults) -> None:
+    checks = {t.name: t for t in report.targets(results)}
+    assert checks["kernel round trip"].value == pytest.approx(1.5)
+    assert checks["kernel round trip"].met is False
+    assert checks["stateless block"].met is True
+    assert checks["kernel start"].met is True
+    assert checks["analysis speed-up"].met is True  # 10.07 / 1.9 = 5.3
+    assert checks["docker kernel round trip"].met is None
+
+
+def test_analysis_target_needs_the_default_size(results: BenchResults) -> None:
+    results.data_rows = 20_000
+    check = next(t for t in report.targets(results) if t.name == "analysis speed-up")
+    assert check.value is not None and check.met is None and "default data size" in check.note
+
+
+def test_json_is_complete_and_serialisable(results: BenchResults, tmp_path: Path) -> None:
+    path = report.write_json(results, tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == report.SCHEMA_VERSION
+    assert data["config"]["repeats"] == 1
+    row = next(r for r in data["rows"] if r["executor"] == "kernel" and r["workload"] == "trivial")
+    assert row["block"]["p50"] == pytest.approx(0.003)
+    assert row["peak_rss_bytes"] == 100 * 1024 * 1024
+    assert {t["name"] for t in data["targets"]} >= {"kernel round trip", "analysis speed-up"}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_markdown_report(results: BenchResults) -> None:
+    text = report.to_markdown(results, command="kernelexec bench")
+    assert "## trivial" in text and "## analysis" in text
+    assert "| kernel | stateful | ok | 1.10 s | 3.0 ms |" in text
+    assert "1.50x jupyter-client" in text
+    assert "docker-kernel unavailable: no engine" in text
+    assert "NOT met" in text
+    assert "`kernelexec bench`" in text
+
+
+def test_charts_are_pngs(results: BenchResults, tmp_path: Path) -> None:
+    from kernelexec.bench.charts import per_block_medians, write_charts
+
+    for path in write_charts(results, tmp_path):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    two = RowResult(
+        workload="w",
+        executor="e",
+        label="e",
+        group="floor",
+        stateful=False,
+        floor=None,
+        sessions=[SessionRecord(block_s=[1.0, 4.0]), SessionRecord(block_s=[3.0])],
+    )
+    assert per_block_medians(two) == [2.0, 4.0]
+
+
+# -- names and workloads ------------------------------------------------------------------------
+
+
+def test_selecting_rows_adds_their_floors() -> None:
+    names = [s.name for s in executors.select_specs(["kernel", "command"])]
+    assert names == ["subprocess", "jupyter-client", "command", "kernel"]
+    assert [s.name for s in executors.select_specs(["command"], with_floors=False)] == ["command"]
+    peers = {s.name for s in executors.select_specs(["peers"], with_floors=False)}
+    assert peers == {"ag2-command", "ag2-jupyter", "autogen-command", "autogen-jupyter"}
+
+
+def test_unknown_names_list_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown executor\(s\): nope .*kernel"):
+        executors.select_specs(["nope"])
+    with pytest.raises(ValueError, match=r"unknown workload\(s\): nope .*trivial, imports"):
+        workloads.build_workloads(["nope"], quick=True)
+
+
+def test_stateless_analysis_rereads_the_data_and_stateful_loads_once() -> None:
+    (w,) = workloads.build_workloads(["analysis"], quick=True)
+    assert len(w.stateless) == len(w.stateful) == 10
+    reads = lambda blocks: sum("read_csv" in b.code for b in blocks)  # noqa: E731
+    assert reads(w.stateful) == 1
+    assert reads(w.stateless) == 9  # every block but the first (imports only)
+    assert w.data_rows == workloads.QUICK_ROWS
+    code = w.stateful[1].render("data/x.csv")
+    assert "pd.read_csv('data/x.csv')" in code
+
+
+def test_generated_csv_is_deterministic(tmp_path: Path) -> None:
+    a = workloads.generate_csv(tmp_path / "a.csv", 50)
+    b = workloads.generate_csv(tmp_path / "b.csv", 50)
+    assert a.read_text() == b.read_text()
+    lines = a.read_text().splitlines()
+    assert lines[0] == "id,date,category,value,flag" and len(lines) == 51
+
+
+def test_stop_flag_first_sigint_asks_second_interrupts() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with StopFlag() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workloads", "trivial", "nope"], "unknown workload(s): nope (valid: trivial, imports"),
+        (["--executors", "kernal"], "unknown executor(s): kernal (valid: subprocess"),
+    ],
+)
+def test_cli_rejects_unknown_names_before_running(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from kernelexec.cli import main
+
+    assert main(["bench", *args, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing was started or written
