@@ -66,18 +66,23 @@ def show(name: str, floor: Summary, figure: Summary, target: float) -> None:
 def roundtrips(blocks: int, work: Path) -> tuple[Summary, Summary]:
     km, kc, _ = raw_start(work)
     ex, _ = kx_start(work)
-    raw, kx = [], []
+    raw, kx, raw_cpu, kx_cpu = [], [], [], []
     try:
         for _ in range(blocks):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             kc.execute_interactive(CODE, timeout=60, output_hook=lambda msg: None)
             raw.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            raw_cpu.append(time.process_time() - c)
+            t, c = time.perf_counter(), time.process_time()
             ex.execute(CODE)
             kx.append(time.perf_counter() - t)
+            kx_cpu.append(time.process_time() - c)
     finally:
         ex.close()
         raw_stop(km, kc)
+    # CPU time of this process per block (all threads): what the client side itself costs,
+    # much less sensitive to other load on the machine than wall time.
+    show("client CPU per block", Summary.of(raw_cpu), Summary.of(kx_cpu), 1.3)
     return Summary.of(raw), Summary.of(kx)
 
 

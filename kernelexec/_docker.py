@@ -81,18 +81,38 @@ class DockerOptions:
 def make_client(options: DockerOptions) -> docker.DockerClient:
     """A client that has answered a ping; ``DockerUnavailable`` otherwise."""
     timeout = int(options.api_timeout)
+    where = options.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
+        _probe_unix_socket(where, options.api_timeout)
         if options.base_url is not None:
             client = docker.DockerClient(base_url=options.base_url, timeout=timeout)
         else:
             client = docker.DockerClient.from_env(timeout=timeout)
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise DockerUnavailable(
+            f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
+        ) from exc
+    try:
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-        where = options.base_url or os.environ.get("DOCKER_HOST") or "the default socket"
+        client.close()
         raise DockerUnavailable(
             f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
         ) from exc
     return client
+
+
+def _probe_unix_socket(url: str, timeout: float) -> None:
+    """Connect once to a unix-socket engine address, closing the socket whatever happens.
+
+    The SDK leaks its socket when a unix-socket connect fails; probing first avoids that.
+    """
+    for prefix in ("unix://", "http+unix://"):
+        if url.startswith(prefix):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(timeout)
+                probe.connect(url[len(prefix) :])
+            return
 
 
 def image_missing_message(image: str) -> str:

@@ -34,6 +34,9 @@ from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
 OutputCallback = Callable[[NbOutput], None]
 """Receives each output (an nbformat v4 output dict) as it arrives."""
 
+# Work dirs with fewer files than this are scanned on the event loop (see ``_snapshot``).
+_INLINE_SNAPSHOT_ENTRIES = 500
+
 NO_BLOCKS_MESSAGE = "No code blocks found in the message; nothing was run."
 
 
@@ -140,6 +143,7 @@ class AsyncExecutor(ABC):
         self._started = False
         self._closed = False
         self._block_count = 0
+        self._last_snapshot_size = 0
         # Every session is a notebook; with a path it is rewritten after each block.
         self._notebook = SessionNotebook(path=notebook_path)
 
@@ -317,12 +321,22 @@ class AsyncExecutor(ABC):
             code=block.code, language=language, index=self._block_count, target=target
         )
 
+    async def _snapshot(self) -> Snapshot:
+        # A small work dir is scanned in microseconds, less than a hop to a worker thread costs
+        # (measured by benchmarks/kernel_roundtrip.py); a big one must not block the loop.
+        if self._last_snapshot_size < _INLINE_SNAPSHOT_ENTRIES:
+            snap = Snapshot.take(self._work_dir)
+        else:
+            snap = await asyncio.to_thread(Snapshot.take, self._work_dir)
+        self._last_snapshot_size = len(snap.entries)
+        return snap
+
     async def _run_and_observe(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
-        before = await asyncio.to_thread(Snapshot.take, self._work_dir)
+        before = await self._snapshot()
         started = time.perf_counter()
         result = await self._run_block(block, timeout)
         duration = time.perf_counter() - started
-        after = await asyncio.to_thread(Snapshot.take, self._work_dir)
+        after = await self._snapshot()
         skip = {result.code_file} if result.code_file else set()
         changed = [
             self._work_dir / rel

@@ -286,12 +286,14 @@ class SessionNotebook:
 
     def _append(self, cells: list[NotebookNode]) -> None:
         self._nb.cells.extend(cells)
-        self._cell_texts.extend(_cell_text(c) for c in cells)
         if self.path is not None:
             write_text_atomic(self._text(), self.path)
 
     def _text(self) -> str:
         """The notebook as ``nbformat.write`` would write it, from the cached cell texts."""
+        # Cells are serialized when first written, not when recorded: a session with no file
+        # does not pay for JSON it never writes (about a millisecond a block).
+        self._cell_texts.extend(_cell_text(c) for c in self._nb.cells[len(self._cell_texts) :])
         header = copy.copy(self._nb)
         header.cells = [_CELLS_MARK] if self._cell_texts else []
         text = _dumps(header).replace(f'  "{_CELLS_MARK}"', ",\n".join(self._cell_texts), 1)

@@ -322,8 +322,9 @@ class GatewayClient:
             raise _translate_http_error("GET", self._url.split("?")[0], exc) from exc
         except OSError as exc:
             raise GatewayUnavailable(f"cannot open the kernel's WebSocket: {exc}") from exc
-        # Small request frames must not wait for Nagle's algorithm (tens of ms per block).
-        ws.protocol.set_nodelay(True)
+        # Request frames are small and latency-bound: send each at once (no Nagle batching).
+        if ws.protocol is not None:
+            ws.protocol.set_nodelay(True)
         return ws
 
     async def wait_ready(self, timeout: float) -> None:

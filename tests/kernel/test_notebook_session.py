@@ -42,6 +42,8 @@ def test_a_stateless_session_is_a_valid_notebook(tmp_path: Path) -> None:
     on_disk = nbformat.read(path, as_version=4)
     nbformat.validate(on_disk)
     assert on_disk == live
+    assert ex.notebook == live  # still there after close, for a final save
+    assert ex.save_notebook(tmp_path / "after.ipynb").read_text() == path.read_text()
     hello, shell, failed, slow = on_disk.cells
     assert hello.source == "print('hello')" and _texts(hello) == "hello\n"
     assert shell.source == "%%bash\necho out; echo err >&2"
