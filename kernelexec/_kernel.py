@@ -86,6 +86,9 @@ class AsyncKernelExecutor(AsyncExecutor):
         # Read when built, never at import. Figures go to the notebook-style inline backend even
         # if the host's environment names another one.
         self._env = {**os.environ, "MPLBACKEND": _INLINE_BACKEND, **self.options.env}
+        # ipykernel stops capturing fd-level output (os.write, child processes) when it sees
+        # pytest's marker; a kernel started from a test is not itself a test.
+        self._env.pop("PYTEST_CURRENT_TEST", None)
         self._dead: str | None = None
 
     @property
@@ -262,8 +265,6 @@ class _BlockRun:
                 grace_end = now + self._ex.interrupt_grace
             if grace_end is not None and now >= grace_end:
                 return _Ending.STUCK
-            if reply.done() and now - last_seen >= _IOPUB_GRACE:
-                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
             if now - last_check >= _POLL:
                 last_check = now
                 if not await self._backend.is_alive():
@@ -273,13 +274,16 @@ class _BlockRun:
             try:
                 msg = await self._client.get_iopub_msg(timeout=wait)
             except queue.Empty:
+                # The reply is in and iopub has been silent a while: the idle was dropped.
+                if reply.done() and loop.time() - last_seen >= _IOPUB_GRACE:
+                    return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
                 continue
             if _parent_id(msg) != self._msg_id:
                 continue  # another request's message (a set-up run, an earlier block)
-            last_seen = loop.time()
             if _is_idle(msg):
                 return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
             self._collector.feed(msg)
+            last_seen = loop.time()  # after feeding: a slow feed is not silence
 
     async def _serve_stdin(self) -> None:
         callback = self._ex.input_callback

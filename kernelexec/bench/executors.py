@@ -10,9 +10,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -62,6 +66,8 @@ class ExecutorSpec:
     max_blocks: int | None = None  # cap for slow rows (a container per block)
     docker: bool = False  # runs in the kernelexec image (it has numpy, pandas, matplotlib)
     shared: Shared | None = None  # made once per run before the row's first session (a pool)
+    # the interpreter the row's code runs in, when not the bench's own (for the modules check)
+    interpreter: Callable[[BenchContext], str | None] | None = None
 
 
 def _import(module: str, attr: str) -> tuple[Any, str | None]:
@@ -190,24 +196,80 @@ def _open_ag2_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
     return Ag2Session(LocalCommandLineCodeExecutor(work_dir=work, timeout=int(ctx.timeout)))
 
 
-def _open_ag2_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session:
-    from autogen.coding.jupyter import JupyterCodeExecutor, LocalJupyterServer
+def kernel_gateway() -> str | None:
+    """A ``jupyter-kernelgateway`` to serve AG2's Jupyter executor.
 
-    server = LocalJupyterServer()
+    ``KERNELEXEC_KERNEL_GATEWAY`` names one; else one on PATH; else the virtualenv that CI's
+    gateway step makes at the checkout's root (``.venv-kg``: its jupyter_server pins must not
+    touch kernelexec's environment).
+    """
+    named = os.environ.get("KERNELEXEC_KERNEL_GATEWAY")
+    if named:
+        return named if Path(named).exists() else None
+    found = shutil.which("jupyter-kernelgateway")
+    if found:
+        return found
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        candidate = root / ".venv-kg" / "bin" / "jupyter-kernelgateway"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+@contextmanager
+def _gateway_server(ctx: BenchContext) -> Iterator[Any]:
+    """A Kernel Gateway on 127.0.0.1 with a token, stopped when the run ends."""
+    from autogen.coding.jupyter import JupyterConnectionInfo
+
+    gateway = kernel_gateway()
+    assert gateway is not None
+    token = secrets.token_hex(16)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [
+        gateway, "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={port}",
+        "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}",
+        "--JupyterWebsocketPersonality.list_kernels=True",
+    ]  # fmt: skip
+    server = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        executor = JupyterCodeExecutor(server, output_dir=work, timeout=int(ctx.timeout))
-    except BaseException:
-        server.stop()
-        raise
-
-    def closer() -> None:
+        _wait_for_http(f"http://127.0.0.1:{port}/api", token, server, timeout=60)
+        yield JupyterConnectionInfo(host="127.0.0.1", use_https=False, port=port, token=token)
+    finally:
+        server.terminate()
         try:
-            executor.stop()
-        finally:
-            server.stop()
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
+
+def _wait_for_http(url: str, token: str, server: subprocess.Popen[bytes], timeout: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the kernel gateway exited with status {server.returncode}")
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise TimeoutError(f"the kernel gateway did not answer at {url}")
+
+
+def _open_ag2_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session:
+    from autogen.coding.jupyter import JupyterCodeExecutor
+
+    executor = JupyterCodeExecutor(shared, output_dir=work, timeout=int(ctx.timeout))
     # The gateway's kernels start in its own directory, not the work dir.
-    return Ag2Session(executor, closer=closer, absolute_data=True)
+    return Ag2Session(executor, closer=executor.stop, absolute_data=True)
 
 
 def _open_autogen_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
@@ -225,9 +287,19 @@ def _open_autogen_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session
 
 
 def _kernel_gateway_check(ctx: BenchContext) -> str | None:
-    if importlib.util.find_spec("kernel_gateway") is None:
-        return "AG2's Jupyter executor needs jupyter-kernel-gateway in this environment"
+    if kernel_gateway() is None:
+        return (
+            "AG2's Jupyter executor needs a jupyter-kernelgateway (on PATH, in .venv-kg, "
+            "or named by KERNELEXEC_KERNEL_GATEWAY)"
+        )
+    if importlib.util.find_spec("websocket") is None:
+        return "AG2's Jupyter executor needs websocket-client (pip install 'ag2[jupyter-executor]')"
     return None
+
+
+def _kernel_gateway_python(ctx: BenchContext) -> str | None:
+    gateway = kernel_gateway()
+    return None if gateway is None else str(Path(gateway).with_name("python"))
 
 
 SPECS: tuple[ExecutorSpec, ...] = (
@@ -335,6 +407,8 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=True,
         floor="jupyter-client",
         open=_open_ag2_jupyter,
+        shared=_gateway_server,
+        interpreter=_kernel_gateway_python,
         check=_all(_needs("autogen.coding.jupyter", "JupyterCodeExecutor"), _kernel_gateway_check),
     ),
     ExecutorSpec(

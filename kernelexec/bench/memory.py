@@ -99,6 +99,10 @@ class PeakSampler:
         self.root = os.getpid() if root is None else root
         self._containers = containers
         self._exclude = frozenset(exclude)
+        try:
+            self._own_cmdline = Path(f"/proc/{self.root}/cmdline").read_bytes()
+        except OSError:
+            self._own_cmdline = b""
         self.peak = 0
         self.peak_detail: dict[str, int] = {}
         self.samples = 0
@@ -106,7 +110,11 @@ class PeakSampler:
         self._thread = threading.Thread(target=self._loop, name="kernelexec-bench-mem", daemon=True)
 
     def sample(self) -> int:
-        sizes = {p: rss_bytes(p) for p in descendants(self.root) if p not in self._exclude}
+        sizes = {
+            p: rss_bytes(p)
+            for p in descendants(self.root)
+            if p not in self._exclude and not self._unexeced_fork(p)
+        }
         total = sum(sizes.values())
         containers = {c: container_memory(c) for c in (self._containers or list)()}
         total += sum(containers.values())
@@ -117,6 +125,14 @@ class PeakSampler:
             self.peak_detail = {f"{_comm(p)}[{p}]": v for p, v in sizes.items() if v}
             self.peak_detail.update({f"container {c[:12]}": v for c, v in containers.items()})
         return total
+
+    def _unexeced_fork(self, pid: int) -> bool:
+        """A child caught between fork and exec still shows the parent's whole RSS (shared
+        pages): it is the bench itself about to start a process, not what the row runs."""
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes() == self._own_cmdline
+        except OSError:
+            return False
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

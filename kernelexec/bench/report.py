@@ -191,7 +191,28 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             threshold=1.5,
         ),
     ]
+    checks.append(
+        TargetCheck.evaluate(
+            name="pool acquire",
+            description="p50 time to acquire a kernel from a filled KernelPool",
+            value=metric_p50(results, "pool", "acquire_s"),
+            threshold=0.020,
+            unit="s",
+        )
+    )
     return checks
+
+
+def metric_p50(results: BenchResults, executor: str, metric: str) -> float | None:
+    """A row's own figure (e.g. a pool's acquire time), pooled over every workload."""
+    values = [
+        s.metrics[metric]
+        for r in results.rows
+        if r.executor == executor
+        for s in r.sessions
+        if metric in s.metrics and s.error is None
+    ]
+    return percentile(values, 50) if values else None
 
 
 # -- JSON ------------------------------------------------------------------------------------
@@ -345,8 +366,8 @@ def to_markdown(results: BenchResults, *, command: str | None = None) -> str:
         [
             [
                 f"{t.name}: {t.description}",
-                format_ratio(t.value),
-                ("≥ " if t.higher_is_better else "≤ ") + format_ratio(t.threshold),
+                t.format(t.value),
+                t.threshold_text,
                 t.verdict,
                 t.note,
             ]
@@ -380,8 +401,8 @@ def print_tables(results: BenchResults, console: Console | None = None) -> None:
         style = {"met": "green", "NOT met": "red"}.get(t.verdict, "dim")
         checks.add_row(
             f"{t.name}" + (f" ({t.note})" if t.note else ""),
-            format_ratio(t.value),
-            ("≥ " if t.higher_is_better else "≤ ") + format_ratio(t.threshold),
+            t.format(t.value),
+            t.threshold_text,
             f"[{style}]{t.verdict}[/{style}]",
         )
     console.print(checks)

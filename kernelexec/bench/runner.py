@@ -217,7 +217,10 @@ def _plan(
     ctx: BenchContext,
 ) -> list[_Cell]:
     reasons = {s.name: s.check(ctx) for s in specs}
-    local_missing = {w.name: missing_modules(ctx.python, w.needs) for w in workloads}
+    pythons = {ctx.python} | {
+        p for s in specs if s.interpreter and reasons[s.name] is None and (p := s.interpreter(ctx))
+    }
+    missing = {(py, w.name): missing_modules(py, w.needs) for py in pythons for w in workloads}
     cells: list[_Cell] = []
     for w in workloads:
         for s in specs:
@@ -234,12 +237,16 @@ def _plan(
                 row.status, row.reason = "skipped", f"{s.name} runs only {', '.join(s.workloads)}"
             elif reasons[s.name] is not None:
                 row.status, row.reason = "unavailable", str(reasons[s.name])
-            elif not s.docker and local_missing[w.name]:
-                missing = ", ".join(local_missing[w.name])
-                row.status, row.reason = "unavailable", f"{ctx.python} lacks {missing}"
+            elif not s.docker and missing[(python := _python(s, ctx)), w.name]:
+                lacks = ", ".join(missing[python, w.name])
+                row.status, row.reason = "unavailable", f"{python} lacks {lacks}"
             else:
                 cells.append(_Cell(w, s, row))
     return cells
+
+
+def _python(spec: ExecutorSpec, ctx: BenchContext) -> str:
+    return (spec.interpreter(ctx) if spec.interpreter else None) or ctx.python
 
 
 def _run_plan(

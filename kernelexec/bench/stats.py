@@ -88,6 +88,7 @@ class TargetCheck:
     higher_is_better: bool
     met: bool | None
     note: str = ""
+    unit: str = "x"  # "x": a ratio; "s": seconds
 
     @classmethod
     def evaluate(
@@ -100,6 +101,7 @@ class TargetCheck:
         higher_is_better: bool = False,
         note: str = "",
         applicable: bool = True,
+        unit: str = "x",
     ) -> TargetCheck:
         met: bool | None = None
         if value is not None and applicable:
@@ -114,6 +116,7 @@ class TargetCheck:
             higher_is_better=higher_is_better,
             met=met,
             note=note,
+            unit=unit,
         )
 
     @property
@@ -121,6 +124,13 @@ class TargetCheck:
         if self.met is None:
             return "n/a"
         return "met" if self.met else "NOT met"
+
+    def format(self, value: float | None) -> str:
+        return format_seconds(value) if self.unit == "s" else format_ratio(value)
+
+    @property
+    def threshold_text(self) -> str:
+        return ("≥ " if self.higher_is_better else "≤ ") + self.format(self.threshold)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict}

@@ -21,11 +21,8 @@ from kernelexec._types import NbOutput
 @pytest.fixture(scope="module")
 def ex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
     work = tmp_path_factory.mktemp("kernel-work")
-    with pytest.MonkeyPatch.context() as mp:
-        # ipykernel stops capturing fd-level output (os.write, child processes) when it sees
-        # this variable; the kernel is not a test, so it does not inherit it.
-        mp.delenv("PYTEST_CURRENT_TEST", raising=False)
-        executor = KernelExecutor(work_dir=work, timeout=30)
+    # The executor drops PYTEST_CURRENT_TEST from the kernel's environment itself.
+    executor = KernelExecutor(work_dir=work, timeout=30)
     with executor:
         yield executor
 

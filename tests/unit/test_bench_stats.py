@@ -332,3 +332,12 @@ def test_cli_rejects_unknown_names_before_running(
     assert main(["bench", *args, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing was started or written
+
+
+def test_pool_acquire_target_reads_the_rows_own_metric(results: BenchResults) -> None:
+    pool = _row("trivial", "pool", [0.003], startup=0.02, stateful=True, floor="kernel")
+    pool.sessions[0].metrics = {"acquire_s": 0.012}
+    results.rows.append(pool)
+    check = next(t for t in report.targets(results) if t.name == "pool acquire")
+    assert check.value == pytest.approx(0.012) and check.met is True
+    assert check.format(check.value) == "12.0 ms" and check.threshold_text == "≤ 20.0 ms"
