@@ -73,5 +73,12 @@ docker_up() {
 }
 
 docker_image() {
+    # An engine that was already running says nothing about debootstrap being there.
+    if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+        echo "docker.sh: installing debootstrap"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                debootstrap || return 1
+    fi
     python3 -m kernelexec image build --offline
 }

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ LABEL_VERSION = "kernelexec.version"
 LABEL_KIND = "kernelexec.kind"
 #: a host folder the container's owner created for it (removed by ``gc`` too)
 LABEL_RUNTIME_DIR = "kernelexec.runtime_dir"
+RUNTIME_DIR_PREFIX = "kernelexec-run-"
 
 _HOW_TO_START = (
     "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
@@ -264,9 +266,19 @@ def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[s
             if not dry_run:
                 with translate_errors("removing a container"):
                     force_remove(container)
-                runtime = labels.get(LABEL_RUNTIME_DIR)
-                if runtime:
-                    shutil.rmtree(runtime, ignore_errors=True)
+                _remove_runtime_dir(labels.get(LABEL_RUNTIME_DIR))
         return removed
     finally:
         client.close()
+
+
+def _remove_runtime_dir(label: str | None) -> None:
+    """Remove a runtime dir named by a label, but only one kernelexec could have made.
+
+    Anyone who can create containers can write labels: never delete an arbitrary path for them.
+    """
+    if not label:
+        return
+    path = Path(label)
+    if path.name.startswith(RUNTIME_DIR_PREFIX) and path.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(path, ignore_errors=True)

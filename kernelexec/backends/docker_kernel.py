@@ -31,6 +31,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from .._docker import (
     LABEL_RUNTIME_DIR,
+    RUNTIME_DIR_PREFIX,
     DockerOptions,
     call,
     check_image,
@@ -146,7 +147,7 @@ class DockerKernel(KernelBackend):
     async def _launch(self, timeout: float) -> None:
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
-        self._runtime = Path(tempfile.mkdtemp(prefix="kernelexec-run-"))
+        self._runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
         await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
         info = _connection_info(network=self.options.network)
         _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)

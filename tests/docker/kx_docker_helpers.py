@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import socket
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,15 @@ class SocketProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
         self.path.unlink(missing_ok=True)
+
+
+def collect_sdk_sockets() -> None:
+    """Collect the sockets the Docker SDK leaks when a unix-socket connect fails.
+
+    docker/transport/unixconn.py creates a socket and does not close it when ``connect`` raises
+    (here: every engine call after the proxy was cut). They are garbage; collect them now, with
+    their ResourceWarning silenced, so the warning does not land on an unrelated later test.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()

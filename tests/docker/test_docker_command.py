@@ -11,7 +11,7 @@ from typing import Any
 
 import docker
 import pytest
-from kx_docker_helpers import SocketProxy, containers_of, processes
+from kx_docker_helpers import SocketProxy, collect_sdk_sockets, containers_of, processes
 
 from kernelexec import (
     CommandLineExecutor,
@@ -317,3 +317,15 @@ def test_engine_dying_mid_block_is_a_clear_error(
         ex.close()
         for container in containers_of(docker_client, backend.session):
             container.remove(force=True)
+        collect_sdk_sockets()
+
+
+def test_any_unprivileged_uid_works(docker_client: docker.DockerClient, tmp_path: Path) -> None:
+    """A caller whose uid has no entry in the image's /etc/passwd (the usual non-root case)."""
+    backend = DockerCommand(user="4321:4321")
+    with CommandLineExecutor(backend=backend, work_dir=tmp_path) as ex:
+        r = ex.execute(
+            "import os; open('mine.txt', 'w').write('x'); print(os.getuid(), os.getcwd())"
+        )
+    assert r.output == "4321 /workspace\n"
+    assert (tmp_path / "mine.txt").stat().st_uid == 4321

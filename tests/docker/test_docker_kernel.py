@@ -17,7 +17,7 @@ from typing import Any
 
 import docker
 import pytest
-from kx_docker_helpers import SocketProxy, containers_of, processes
+from kx_docker_helpers import SocketProxy, collect_sdk_sockets, containers_of, processes
 
 from kernelexec import (
     DockerKernel,
@@ -221,8 +221,7 @@ def test_out_of_memory_is_reported_and_the_executor_recovers(
         ex.execute("small = 1")
         r = ex.execute("big = bytearray(1024 * 1024 * 1024)\nprint('allocated')")
         assert r.kernel_died and r.state_lost and not r.ok
-        assert "out of memory" in r.output
-        assert ex.backend.death_reason() in (None, "out of memory")
+        assert "(out of memory)" in r.output  # the back end's death_reason, as the result says
         after = ex.execute("print('small' in dir(), 'recovered')")
         assert after.output == "False recovered\n"
 
@@ -319,6 +318,7 @@ def test_engine_dying_mid_block_is_a_clear_error(
         ex.close()
         for container in containers_of(docker_client, backend.session):
             container.remove(force=True)
+        collect_sdk_sockets()
 
 
 def test_interrupt_reaches_the_kernel_inside_the_container(dex: KernelExecutor) -> None:
@@ -333,3 +333,12 @@ def test_interrupt_reaches_the_kernel_inside_the_container(dex: KernelExecutor) 
     r = dex.execute("import time\ntime.sleep(20)")
     timer.join()
     assert r.error is not None and r.error.ename == "KeyboardInterrupt"
+
+
+def test_kernel_as_any_unprivileged_uid(docker_client: docker.DockerClient, tmp_path: Path) -> None:
+    """A caller whose uid has no entry in the image's /etc/passwd (the usual non-root case)."""
+    with KernelExecutor(backend=DockerKernel(user="4321:4321"), work_dir=tmp_path) as ex:
+        ex.execute("import os; n = os.getuid()")
+        r = ex.execute("open('k.txt', 'w').write('x'); print(n)")
+    assert r.output == "4321\n"
+    assert (tmp_path / "k.txt").stat().st_uid == 4321

@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import docker
@@ -18,6 +19,7 @@ from kernelexec._docker import (
     LABEL_HOST,
     LABEL_OWNER_PID,
     LABEL_RUNTIME_DIR,
+    RUNTIME_DIR_PREFIX,
     DockerOptions,
     gc,
     labels_for,
@@ -99,11 +101,13 @@ def _dead_pid() -> int:
 def test_gc_removes_only_containers_whose_owner_is_gone(
     docker_client: docker.DockerClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
+    runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
+    decoy = tmp_path / "not-ours"  # a label naming any other path must not be deleted
+    decoy.mkdir()
     orphan = _labelled_container(docker_client, _dead_pid(), runtime=str(runtime))
     mine = _labelled_container(docker_client, os.getpid())
     elsewhere = _labelled_container(docker_client, _dead_pid(), host="some-other-host")
+    spoofed = _labelled_container(docker_client, _dead_pid(), runtime=str(decoy))
     try:
         assert orphan.short_id in gc(dry_run=True)
         assert orphan.id in {c.id for c in docker_client.containers.list(all=True)}  # dry run
@@ -112,9 +116,10 @@ def test_gc_removes_only_containers_whose_owner_is_gone(
         assert orphan.short_id in out
         ids = {c.id for c in docker_client.containers.list(all=True)}
         assert orphan.id not in ids and not runtime.exists()
+        assert spoofed.id not in ids and decoy.is_dir()
         assert mine.id in ids and elsewhere.id in ids
     finally:
-        for container in (orphan, mine, elsewhere):
+        for container in (orphan, mine, elsewhere, spoofed):
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
 
