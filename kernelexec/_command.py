@@ -41,7 +41,8 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         self.backend = backend or LocalCommand(python=python)
         super().__init__(**options)
         # The environment is read now, when the executor is built, never at import.
-        self._env = {**os.environ, **_BASE_ENV, **self.options.env}
+        host = os.environ if self.backend.inherits_host_env else {}
+        self._env = {**host, **_BASE_ENV, **self.options.env}
 
     @property
     def supported_languages(self) -> tuple[str, ...]:

@@ -85,7 +85,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         self.startup_timeout = startup_timeout
         # Read when built, never at import. Figures go to the notebook-style inline backend even
         # if the host's environment names another one.
-        self._env = {**os.environ, "MPLBACKEND": _INLINE_BACKEND, **self.options.env}
+        host = os.environ if self.backend.inherits_host_env else {}
+        self._env = {**host, "MPLBACKEND": _INLINE_BACKEND, **self.options.env}
         # ipykernel stops capturing fd-level output (os.write, child processes) when it sees
         # pytest's marker; a kernel started from a test is not itself a test.
         self._env.pop("PYTEST_CURRENT_TEST", None)

@@ -35,6 +35,9 @@ class CommandBackend(ABC):
 
     #: short name used in results, notebooks and benchmarks, e.g. ``"local-command"``
     kind: str = "command"
+    #: whether commands see this process's environment; a container or remote back end gets
+    #: only the executor's own variables (no host PATH, HOME or secrets)
+    inherits_host_env: bool = True
 
     @property
     def workspace(self) -> str | None:
@@ -105,6 +108,8 @@ class KernelBackend(ABC):
     """Owns one kernel at a time and hands out a client connected to it."""
 
     kind: str = "kernel"
+    #: as for ``CommandBackend``: False for kernels that do not run in this host's environment
+    inherits_host_env: bool = True
 
     @property
     def workspace(self) -> str | None:

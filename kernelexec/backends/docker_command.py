@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -109,6 +108,7 @@ class DockerCommand(CommandBackend):
     """
 
     kind = "docker-command"
+    inherits_host_env = False
 
     def __init__(
         self,
@@ -236,11 +236,9 @@ class DockerCommand(CommandBackend):
         return container
 
     def _exec_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        # The executor hands over the host environment plus its own settings; only the part
-        # that differs from the host's goes into the container (no host PATH, HOME, secrets).
-        chosen = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        # The executor hands over only its own variables (inherits_host_env is False).
         memory = {"KERNELEXEC_MEMORY": self.options.memory or "none"}
-        return container_env(self.options, {**chosen, **memory})
+        return container_env(self.options, {**env, **memory})
 
     async def _exec(
         self,

@@ -64,6 +64,7 @@ class DockerKernel(KernelBackend):
     """
 
     kind = "docker-kernel"
+    inherits_host_env = False
 
     def __init__(
         self, *, image: str | None = None, options: DockerOptions | None = None, **overrides: Any
@@ -102,8 +103,7 @@ class DockerKernel(KernelBackend):
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         self._work_dir = work_dir
-        # Only what differs from the host's environment goes in (no host PATH, HOME, secrets).
-        self._env = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        self._env = dict(env)  # only the executor's own variables (inherits_host_env is False)
         if self._docker is None:
             self._docker = await asyncio.to_thread(make_client, self.options)
         await asyncio.to_thread(check_image, self._docker, self.options.image)

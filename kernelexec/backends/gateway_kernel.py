@@ -67,6 +67,7 @@ class GatewayKernel(KernelBackend):
     """
 
     kind = "gateway-kernel"
+    inherits_host_env = False
 
     def __init__(
         self,
@@ -106,10 +107,9 @@ class GatewayKernel(KernelBackend):
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         self._cwd = self.working_dir or str(work_dir)
-        # Executors pass this process's whole environment plus their own additions; only the
-        # additions go to the server: the host's variables (secrets, paths) are not the remote
-        # kernel's business.
-        self._env = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        # Only the executor's own variables arrive here (inherits_host_env is False): the
+        # host's secrets and paths are not the remote kernel's business.
+        self._env = dict(env)
         server_env = {**self._env, "KERNEL_WORKING_DIR": self._cwd}
         if self.username:
             server_env["KERNEL_USERNAME"] = self.username

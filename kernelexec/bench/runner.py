@@ -195,7 +195,7 @@ def run_benchmarks(
             plan = _plan(results, workloads, specs, ctx)
             _run_plan(plan, results, ctx, config, scratch, stop, on_progress, on_update)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove(scratch)
         results.finished_at = _now()
         results.machine["load_average_end"] = (
             list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -368,7 +368,7 @@ def _run_session(cell: _Cell, run: _Run) -> SessionRecord:
     if session is not None:
         record.metrics = session.metrics()
         session.settle()
-    shutil.rmtree(work, ignore_errors=True)
+    _remove(work)
     return record
 
 
@@ -408,6 +408,16 @@ def _session(
         t = time.perf_counter()
         session.close()
         record.close_s = time.perf_counter() - t
+
+
+def _remove(path: Path) -> None:
+    """Remove a scratch folder; once more after a moment if something (a container's bind
+    mount being torn down) still held or recreated part of it."""
+    for attempt in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(0.2 * (attempt + 1))
 
 
 def _now() -> str:
