@@ -90,7 +90,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(results), indent=2, default=str))
     else:
-        print_tables(results, Console())
+        # Off a terminal (CI logs, pipes) rich assumes 80 columns and folds every cell.
+        print_tables(results, Console(width=None if sys.stdout.isatty() else 160))
         print("wrote: " + ", ".join(str(p) for p in written.values()))
     if results.interrupted:
         return EXIT_INTERRUPTED
