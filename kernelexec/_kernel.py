@@ -249,10 +249,16 @@ class _BlockRun:
             return _Run(ending, reply.result() if reply.done() else None)
         finally:
             for task in (reply, stdin):
-                if task is not None and not task.done():
+                if task is None:
+                    continue
+                if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
+                elif not task.cancelled():
+                    # A failed channel (e.g. a gateway socket that could not come back) also
+                    # reaches the iopub pump, which reports it; mark this copy as seen.
+                    task.exception()
 
     async def _pump(self, reply: asyncio.Future[dict[str, Any]]) -> _Ending:
         loop = asyncio.get_running_loop()

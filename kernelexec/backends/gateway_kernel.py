@@ -303,7 +303,7 @@ class GatewayClient:
     async def close(self) -> None:
         self._closing = True
         if self._ws is not None:
-            self._ws.close()
+            _close_now(self._ws)
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -312,7 +312,7 @@ class GatewayClient:
     def drop_connection(self) -> None:
         """Close the socket as a network failure would (the client then reconnects)."""
         if self._ws is not None:
-            self._ws.close()
+            _close_now(self._ws)
 
     async def _open(self, timeout: float) -> WebSocketClientConnection:
         request = HTTPRequest(self._url, headers=self._headers, request_timeout=timeout)
@@ -461,6 +461,18 @@ class GatewayClient:
         for q in self._queues.values():
             q.put_nowait(failure)
         return False
+
+
+def _close_now(ws: WebSocketClientConnection) -> None:
+    """Send the close frame and close the socket at once.
+
+    tornado otherwise waits up to 5 s for the server's answer before closing the socket, and a
+    socket still open when its event loop ends is leaked.
+    """
+    protocol = ws.protocol
+    ws.close()
+    if protocol is not None and protocol.stream is not None:
+        protocol.stream.close()
 
 
 def _ignore_result(fut: asyncio.Future[Any]) -> None:
