@@ -21,6 +21,7 @@ from kernelexec.bench.memory import descendants
 
 WORKLOADS = ("trivial", "imports", "analysis", "plots")
 ROWS = ("subprocess", "jupyter-client", "command", "kernel")
+STATEFUL = ("jupyter-client", "kernel")
 
 
 def _bench(*args: str) -> list[str]:
@@ -59,7 +60,12 @@ def test_quick_run_measures_both_executors_and_their_floors(
             assert row["block"]["n"] == len(session["block_s"]) > 0
             assert 0 < row["block"]["p50"] <= row["block"]["p90"] <= row["block"]["max"]
             assert session["startup_s"] > 0 and session["total_s"] >= session["startup_s"]
-            assert session["peak_rss"] > 0, "memory sampling saw no process"
+            assert isinstance(session["peak_rss"], int)
+            if executor in STATEFUL:
+                # A kernel lives through the whole session, so the sampler must see it. A
+                # per-block process can end between two samples (the report says so); a
+                # quick trivial block often does, so stateless rows may honestly read 0.
+                assert session["peak_rss"] > 0, "memory sampling saw no kernel"
     assert rows[("analysis", "kernel")]["block"]["n"] == 10
     ratios = {(r["workload"], r["executor"]): r for r in data["floor_ratios"]}
     assert ratios[("trivial", "kernel")]["floor"] == "jupyter-client"
