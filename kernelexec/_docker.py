@@ -26,6 +26,8 @@ from ._errors import DockerUnavailable, ImageNotFound, KernelExecError
 from ._version import __version__
 
 DEFAULT_IMAGE = "kernelexec/python:latest"
+#: where the work dir is mounted in every kernelexec container
+WORKSPACE = "/workspace"
 #: the uid:gid used when the caller is root (containers never run as root by default)
 UNPRIVILEGED_USER = "1000:1000"
 
@@ -188,7 +190,7 @@ def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> di
         "detach": True,
         "stdin_open": False,
         "tty": False,
-        "working_dir": "/workspace",
+        "working_dir": WORKSPACE,
     }
     if options.pids_limit is not None:
         kwargs["pids_limit"] = options.pids_limit

@@ -27,6 +27,7 @@ import docker.errors
 from docker.utils.socket import STDERR, frames_iter
 
 from .._docker import (
+    WORKSPACE,
     DockerOptions,
     call,
     check_image,
@@ -42,8 +43,6 @@ from .._docker import (
 )
 from .._errors import DockerUnavailable, ImageNotFound
 from .base import ByteSink, CommandBackend, CommandOutcome
-
-WORKSPACE = "/workspace"
 
 # PID 1 of the container: reaps orphans, and exits on a SIGTERM from outside the container
 # (`docker stop`: the sender is in another pid namespace, so si_pid is 0) but ignores one sent

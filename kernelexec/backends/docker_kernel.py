@@ -32,6 +32,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from .._docker import (
     LABEL_RUNTIME_DIR,
     RUNTIME_DIR_PREFIX,
+    WORKSPACE,
     DockerOptions,
     call,
     check_image,
@@ -48,7 +49,6 @@ from .._docker import (
 from .._errors import DockerUnavailable, ImageNotFound, KernelStartFailed
 from .base import KernelBackend, KernelClientLike
 
-WORKSPACE = "/workspace"
 RUNTIME = "/run/kernelexec"
 _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 # Fixed ports inside the container (network mode only); the host side gets random ones.
