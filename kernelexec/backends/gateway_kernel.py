@@ -127,8 +127,27 @@ class GatewayKernel(KernelBackend):
 
     async def restart(self, *, timeout: float) -> None:
         await self._disconnect()
-        await self._call("POST", f"{self._kernel_path()}/restart", {}, retry=False, timeout=timeout)
+        try:
+            await self._call(
+                "POST", f"{self._kernel_path()}/restart", {}, retry=False, timeout=timeout
+            )
+        except GatewayAuthError:
+            raise
+        except GatewayUnavailable:
+            # Seen with Kernel Gateway: a 500 while it is auto-restarting a kernel that died.
+            # A restart loses all state anyway, so a brand-new kernel is the same outcome.
+            await self._replace(timeout)
+            return
         await self._connect(timeout)
+
+    async def _replace(self, timeout: float) -> None:
+        """Delete the current kernel (best effort) and start a new one in its place."""
+        if self.kernel_id is not None:
+            with contextlib.suppress(GatewayUnavailable):
+                await self._call("DELETE", self._kernel_path(), None, retry=True)
+            self.kernel_id = None
+        assert self._cwd is not None  # set by start(), which restart() follows
+        await self.start(work_dir=Path(self._cwd), env=self._env, timeout=timeout)
 
     async def is_alive(self) -> bool:
         if self.kernel_id is None or (self._client is not None and self._client.kernel_died):

@@ -20,7 +20,12 @@ import pytest
 from gateway_servers import Gateway, free_port
 
 from kernelexec import GatewayAuthError, GatewayUnavailable
-from kernelexec.backends.gateway_kernel import GatewayClient, GatewayKernel, GatewayOptions
+from kernelexec.backends.gateway_kernel import (
+    GatewayClient,
+    GatewayKernel,
+    GatewayOptions,
+    _NotFound,
+)
 
 
 async def collect_until_idle(
@@ -229,3 +234,37 @@ def test_get_msg_times_out_with_queue_empty(gateway: Gateway, tmp_path: Path) ->
 def test_url_is_validated() -> None:
     with pytest.raises(ValueError, match="http"):
         GatewayKernel("localhost:8888")
+
+
+def test_restart_refused_by_the_server_starts_a_new_kernel(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """A 500 on restart (Kernel Gateway answers so while it auto-restarts a dead kernel) falls
+    back to deleting the kernel and starting a new one; the server's answer is injected."""
+
+    async def scenario() -> None:
+        kernel = gateway.backend()
+        await kernel.start(work_dir=tmp_path, env={}, timeout=60)
+        real_call = kernel._call
+
+        async def refuse_restart(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            if method == "POST" and path.endswith("/restart"):
+                raise GatewayUnavailable(f"gateway answered 500 to POST {path}")
+            return await real_call(method, path, *args, **kwargs)
+
+        try:
+            old_id = kernel.kernel_id
+            msg_id = kernel.client.execute("x = 41")
+            await collect_until_idle(kernel.client, msg_id, 30)
+            kernel._call = refuse_restart  # type: ignore[method-assign]
+            await kernel.restart(timeout=60)
+            assert kernel.kernel_id is not None and kernel.kernel_id != old_id
+            with pytest.raises(_NotFound):  # the old kernel was deleted
+                await real_call("GET", f"/api/kernels/{old_id}", None, retry=True)
+            msg_id = kernel.client.execute("print('x' in dir(), __import__('os').getcwd())")
+            out = stdout_of(await collect_until_idle(kernel.client, msg_id, 30))
+            assert out == f"False {tmp_path}\n"
+        finally:
+            await kernel.shutdown()
+
+    asyncio.run(scenario())
