@@ -3,8 +3,9 @@
 #
 # extras_install: classic AG2 (`autogen`, ag2<1), AutoGen 0.4+ and openai into the current
 #   environment, and AG2 1.x into .venv-ag2x: both AG2 lines are the `ag2` distribution, so they
-#   cannot share one environment. The venv sees the main environment's packages
-#   (--system-site-packages), so only AG2 1.x itself is installed there.
+#   cannot share one environment. The venv sees the main environment's packages through a .pth
+#   file that adds its site dirs (not --system-site-packages: made from a venv, that flag shows the
+#   base interpreter's packages), so only AG2 1.x itself is installed there.
 # extras_test: runs the AG2 1.x tests in that venv (the main run skips them, naming this step).
 
 EXTRAS_PYTHON="${EXTRAS_PYTHON:-python3}"
@@ -15,8 +16,12 @@ extras_install() {
   "$EXTRAS_PYTHON" -m pip install --quiet --disable-pip-version-check \
     -e ".[ag2,autogen,openai]" || return 1
   if [ ! -x "$AG2X_VENV/bin/python" ]; then
-    "$EXTRAS_PYTHON" -m venv --system-site-packages "$AG2X_VENV" || return 1
+    "$EXTRAS_PYTHON" -m venv "$AG2X_VENV" || return 1
   fi
+  local parents purelib
+  parents="$("$EXTRAS_PYTHON" -c 'import site; print("; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages()))')"
+  purelib="$("$AG2X_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "import site; $parents" >"$purelib/_kernelexec_main_env.pth"
   "$AG2X_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     "ag2>=1.0,<2" || return 1
   echo "extras_install: $((SECONDS - started)) s"

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kernelexec._kernel import KernelExecutor
+from kernelexec import KernelExecutor, KernelPool, PoolOptions
+from kernelexec.bench import Summary
 from kernelexec.bench.memory import descendants, rss_bytes
 from kernelexec.bench.sessions import wait_for_idle
-from kernelexec.bench.stats import Summary
-from kernelexec.pool import KernelPool, PoolOptions
 
 CODE = "x = 1"
 

@@ -32,15 +32,14 @@ def _timed(func: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
 def _summary(samples: list[float]) -> dict[str, float]:
+    # linear interpolation between closest ranks, as `kernelexec bench` reports percentiles
+    deciles = (
+        statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples
+    )
     return {
         "median_ms": statistics.median(samples) * 1e3,
-        "p90_ms": _percentile(samples, 0.9) * 1e3,
+        "p90_ms": deciles[-1] * 1e3,
         "min_ms": min(samples) * 1e3,
     }
 

@@ -1,50 +1,123 @@
 """kernelexec: run code written by LLM agents, statefully in IPython kernels or statelessly.
 
 The public API is what ``__all__`` lists; everything in a ``_module`` is private.
+
+Names are imported on first use (PEP 562): ``import kernelexec`` loads no kernel client, Docker
+SDK or nbformat, so tools that only need a name or two (and ``kernelexec --help``) start fast.
 """
 
-from ._command import AsyncCommandLineExecutor, CommandLineExecutor
-from ._docker import DockerOptions
-from ._errors import (
-    BackendUnavailable,
-    DockerUnavailable,
-    ExecutionTimeout,
-    ExecutorClosed,
-    GatewayAuthError,
-    GatewayUnavailable,
-    ImageNotFound,
-    InvalidBlock,
-    KernelDied,
-    KernelExecError,
-    KernelStartFailed,
-    NotebookError,
-    PoolExhausted,
-    SessionError,
-    SessionLimitReached,
-    SessionNotFound,
-)
-from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
-from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
-from ._kernel import AsyncKernelExecutor, KernelExecutor
-from ._notebook import run_notebook, run_notebook_async
-from ._types import CodeBlock, ErrorInfo, ExecutionResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .backends.base import CommandBackend, CommandOutcome, KernelBackend
-from .backends.docker_command import DockerCommand
-from .backends.docker_kernel import DockerKernel
-from .backends.gateway_kernel import GatewayKernel, GatewayOptions
-from .backends.local_command import LocalCommand
-from .backends.local_kernel import LocalKernel
-from .pool import (
-    AsyncKernelPool,
-    AsyncSessionManager,
-    KernelPool,
-    PoolOptions,
-    SessionManager,
-    SessionOptions,
-)
+
+if TYPE_CHECKING:
+    from ._command import AsyncCommandLineExecutor, CommandLineExecutor
+    from ._errors import (
+        BackendUnavailable,
+        DockerUnavailable,
+        ExecutionTimeout,
+        ExecutorClosed,
+        GatewayAuthError,
+        GatewayUnavailable,
+        ImageNotFound,
+        InvalidBlock,
+        KernelDied,
+        KernelExecError,
+        KernelStartFailed,
+        NotebookError,
+        PoolExhausted,
+        ReentrantCall,
+        SessionError,
+        SessionExists,
+        SessionLimitReached,
+        SessionNotFound,
+        UnknownExecutor,
+    )
+    from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
+    from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
+    from ._kernel import AsyncKernelExecutor, KernelExecutor
+    from ._notebook import run_notebook, run_notebook_async
+    from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
+    from ._types import CodeBlock, ErrorInfo, ExecutionResult
+    from ._version import __version__
+    from .backends._docker_options import DockerOptions
+    from .backends.base import CommandBackend, CommandOutcome, KernelBackend
+    from .backends.docker_command import DockerCommand
+    from .backends.docker_kernel import DockerKernel
+    from .backends.gateway_kernel import GatewayKernel, GatewayOptions
+    from .backends.local_command import LocalCommand
+    from .backends.local_kernel import LocalKernel
+    from .pool import (
+        AsyncKernelPool,
+        AsyncSessionManager,
+        KernelPool,
+        PoolOptions,
+        SessionManager,
+        SessionOptions,
+    )
+
+# public name -> the private module that defines it
+_LAZY: dict[str, str] = {
+    "AsyncCommandLineExecutor": "._command",
+    "AsyncExecutor": "._executor",
+    "AsyncKernelExecutor": "._kernel",
+    "AsyncKernelPool": ".pool",
+    "AsyncSessionManager": ".pool",
+    "BackendUnavailable": "._errors",
+    "CodeBlock": "._types",
+    "CommandBackend": ".backends.base",
+    "CommandLineExecutor": "._command",
+    "CommandOutcome": ".backends.base",
+    "DockerCommand": ".backends.docker_command",
+    "DockerKernel": ".backends.docker_kernel",
+    "DockerOptions": ".backends._docker_options",
+    "DockerUnavailable": "._errors",
+    "EXECUTOR_NAMES": "._registry",
+    "ErrorInfo": "._types",
+    "ExecutionResult": "._types",
+    "ExecutionTimeout": "._errors",
+    "ExecutorClosed": "._errors",
+    "ExecutorOptions": "._executor",
+    "GatewayAuthError": "._errors",
+    "GatewayKernel": ".backends.gateway_kernel",
+    "GatewayOptions": ".backends.gateway_kernel",
+    "GatewayUnavailable": "._errors",
+    "ImageNotFound": "._errors",
+    "InvalidBlock": "._errors",
+    "KernelBackend": ".backends.base",
+    "KernelDied": "._errors",
+    "KernelExecError": "._errors",
+    "KernelExecutor": "._kernel",
+    "KernelPool": ".pool",
+    "KernelStartFailed": "._errors",
+    "LocalCommand": ".backends.local_command",
+    "LocalKernel": ".backends.local_kernel",
+    "MarkdownCodeExtractor": "._extract",
+    "NotebookError": "._errors",
+    "PoolExhausted": "._errors",
+    "PoolOptions": ".pool",
+    "ReentrantCall": "._errors",
+    "SessionError": "._errors",
+    "SessionExists": "._errors",
+    "SessionLimitReached": "._errors",
+    "SessionManager": ".pool",
+    "SessionNotFound": "._errors",
+    "SessionOptions": ".pool",
+    "SyncExecutor": "._executor",
+    "UnknownExecutor": "._errors",
+    "extract_code_blocks": "._extract",
+    "make_async_executor": "._registry",
+    "make_executor": "._registry",
+    "normalize_language": "._extract",
+    "run_notebook": "._notebook",
+    "run_notebook_async": "._notebook",
+}
 
 __all__ = [
+    "EXECUTOR_NAMES",
     "AsyncCommandLineExecutor",
     "AsyncExecutor",
     "AsyncKernelExecutor",
@@ -82,15 +155,33 @@ __all__ = [
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",
+    "ReentrantCall",
     "SessionError",
+    "SessionExists",
     "SessionLimitReached",
     "SessionManager",
     "SessionNotFound",
     "SessionOptions",
     "SyncExecutor",
+    "UnknownExecutor",
     "__version__",
     "extract_code_blocks",
+    "make_async_executor",
+    "make_executor",
     "normalize_language",
     "run_notebook",
     "run_notebook_async",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernelexec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

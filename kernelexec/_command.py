@@ -6,7 +6,6 @@ import hashlib
 import os
 import re
 import signal
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -193,29 +192,13 @@ def _error_from_stderr(stderr: str, language: str, exit_code: int) -> ErrorInfo:
     return ErrorInfo(ename="NonZeroExit", evalue=f"exit status {exit_code}", traceback=lines[-20:])
 
 
-class CommandLineExecutor(SyncExecutor[AsyncCommandLineExecutor]):
+class CommandLineExecutor(SyncExecutor[AsyncCommandLineExecutor], core=AsyncCommandLineExecutor):
     """Synchronous stateless executor: each block runs in a fresh process.
 
     >>> with CommandLineExecutor(timeout=10) as ex:
     ...     ex.execute("print(1)").output
     '1\\n'
     """
-
-    def __init__(
-        self,
-        backend: CommandBackend | None = None,
-        *,
-        python: str | os.PathLike[str] | None = None,
-        work_dir: str | os.PathLike[str] | None = None,
-        timeout: float = 60.0,
-        env: Mapping[str, str] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            AsyncCommandLineExecutor(
-                backend, python=python, work_dir=work_dir, timeout=timeout, env=env, **options
-            )
-        )
 
     @property
     def backend(self) -> CommandBackend:

@@ -13,16 +13,23 @@ callers can catch broadly::
     ├── KernelStartFailed           + RuntimeError
     ├── KernelDied                  + RuntimeError   (only when auto-restart is off)
     ├── ExecutorClosed              + RuntimeError
+    ├── ReentrantCall               + RuntimeError   (a sync front called from its own loop thread)
+    ├── UnknownExecutor             + ValueError     (a name the executor registry does not know)
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
+    │   ├── SessionExists               a session of that name is already open (+ ValueError)
     │   ├── SessionNotFound             unknown or culled session
     │   └── PoolExhausted               more kernels asked for than the pool's maximum
-    └── ExecutionTimeout            + TimeoutError   (an infrastructure wait ran out, not user code)
+    └── ExecutionTimeout            + TimeoutError   (a block ran out of time where the caller
+                                                     asked for an exception: the AutoGen adapter)
 
-Errors from jupyter_client, zmq, docker and HTTP clients are translated where they are caught,
-with ``raise ... from`` so the original stays attached.
+Errors from foreign libraries are translated in one place each, with ``raise ... from`` so the
+original stays attached: the Docker SDK in ``backends/_docker.py`` (``translate_errors``), the
+gateway's HTTP and WebSocket clients in ``backends/_gateway_errors.py``. jupyter_client's start
+errors become ``KernelStartFailed`` in the back end that starts the kernel (``local_kernel.py``,
+``docker_kernel.py``); zmq errors never leave a back end.
 """
 
 from __future__ import annotations
@@ -64,6 +71,14 @@ class ExecutorClosed(KernelExecError, RuntimeError):
     """The executor was used after ``close()``."""
 
 
+class ReentrantCall(KernelExecError, RuntimeError):
+    """A synchronous front was called from its own event-loop thread (e.g. from a callback)."""
+
+
+class UnknownExecutor(KernelExecError, ValueError):
+    """An executor name the registry does not know; the message lists the valid names."""
+
+
 class InvalidBlock(KernelExecError, ValueError):
     """A code block cannot be run as given (bad ``# filename:``, unsupported language)."""
 
@@ -80,6 +95,10 @@ class SessionLimitReached(SessionError):
     """The session manager already holds its maximum number of sessions."""
 
 
+class SessionExists(SessionError, ValueError):
+    """A session of that name is already open."""
+
+
 class SessionNotFound(SessionError, KeyError):
     """No such session (never created, closed, or culled for being idle)."""
 
@@ -92,4 +111,8 @@ class PoolExhausted(SessionError):
 
 
 class ExecutionTimeout(KernelExecError, TimeoutError):
-    """An infrastructure wait (kernel start, shutdown, engine call) ran out of time."""
+    """A block ran past its timeout where the caller asked for an exception, not a result.
+
+    The native API reports a timeout as a result (``timed_out``, exit 124); adapters whose peer
+    raises ``TimeoutError`` (AutoGen's executors) raise this instead.
+    """

@@ -10,6 +10,7 @@ drives a core through a private event-loop thread (see ``_sync``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import shutil
 import tempfile
@@ -19,15 +20,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from nbformat import NotebookNode
 
 from ._budget import DEFAULT_OUTPUT_LIMIT
 from ._errors import ExecutorClosed, InvalidBlock
 from ._extract import MarkdownCodeExtractor, normalize_language
-from ._notebook import SessionNotebook, executor_label
-from ._sync import Portal, close_on_collect
+from ._session import SessionNotebook
+from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
 
@@ -103,6 +104,12 @@ def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
         execution_count=last.execution_count,
         block_results=list(results),
     )
+
+
+def executor_label(executor: AsyncExecutor) -> str:
+    """The back end's kind (``local-command``, ``docker-kernel``) or else the executor's."""
+    backend = getattr(executor, "backend", None)
+    return str(getattr(backend, "kind", None) or executor.kind)
 
 
 class AsyncExecutor(ABC):
@@ -353,18 +360,35 @@ _A = TypeVar("_A", bound=AsyncExecutor)
 _T = TypeVar("_T")
 
 
-class SyncExecutor(Generic[_A]):
-    """The synchronous twin of an async executor; safe to use inside a running event loop."""
+class SyncExecutor(SyncFront[_A]):
+    """The synchronous twin of an async executor; safe to use inside a running event loop.
 
-    def __init__(self, core: _A) -> None:
-        self._portal = Portal(name=f"kernelexec-{type(core).__name__}")
-        self._core = core
-        self._finalizer = close_on_collect(self, self._portal, core.close)
+    A twin declares its core once (``class KernelExecutor(SyncExecutor[...],
+    core=AsyncKernelExecutor)``) and takes exactly the core's constructor arguments: nothing is
+    declared twice. ``SyncExecutor.wrap(core)`` gives an existing core its twin.
+    """
 
-    @property
-    def aio(self) -> _A:
-        """The async core (for callers that have an event loop of their own)."""
-        return self._core
+    _core_type: ClassVar[type[AsyncExecutor]]
+    _twins: ClassVar[dict[type[AsyncExecutor], type[SyncExecutor[Any]]]] = {}
+
+    def __init_subclass__(cls, *, core: type[AsyncExecutor] | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if core is not None:
+            cls._core_type = core
+            SyncExecutor._twins[core] = cls
+            # help() and inspect show the core's arguments, which are the twin's.
+            cls.__signature__ = inspect.signature(core)  # type: ignore[attr-defined]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(self._core_type(*args, **kwargs))  # type: ignore[arg-type]
+
+    @classmethod
+    def wrap(cls, core: AsyncExecutor, *, portal: Portal | None = None) -> SyncExecutor[Any]:
+        """The sync twin of an existing core; with ``portal``, driven on that shared loop."""
+        twin = next((cls._twins[t] for t in type(core).__mro__ if t in cls._twins), SyncExecutor)
+        front: SyncExecutor[Any] = twin.__new__(twin)
+        SyncFront.__init__(front, core, portal=portal)
+        return front
 
     @property
     def work_dir(self) -> Path:
@@ -395,9 +419,6 @@ class SyncExecutor(Generic[_A]):
     def supported_languages(self) -> tuple[str, ...]:
         return self._core.supported_languages
 
-    def start(self) -> None:
-        self._call(self._core.start)
-
     def execute(
         self, code: str, language: str = "python", *, timeout: float | None = None
     ) -> ExecutionResult:
@@ -417,30 +438,10 @@ class SyncExecutor(Generic[_A]):
     def restart(self) -> None:
         self._call(self._core.restart)
 
-    def close(self) -> None:
-        """Close the core and stop the event-loop thread. Safe to call twice."""
-        self._finalizer()
+    def run(self, func: Callable[..., Awaitable[_T]], /, *args: Any, **kwargs: Any) -> _T:
+        """Run a coroutine function on this executor's event loop (where its core lives).
 
-    def __enter__(self: _S) -> _S:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _call(self, func: Callable[..., Awaitable[_T]], /, *args: Any, **kwargs: Any) -> _T:
-        if not self._portal.running:
-            raise ExecutorClosed(f"{type(self).__name__} is closed")
-        return self._portal.call(func, *args, **kwargs)
-
-
-_S = TypeVar("_S", bound=SyncExecutor[Any])
+        For code built on the async core (the notebook runner, the agent loop) that needs the
+        core's own loop rather than a new one.
+        """
+        return self._call(func, *args, **kwargs)

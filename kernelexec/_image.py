@@ -27,8 +27,15 @@ from typing import Any
 import docker
 import docker.errors
 
-from ._docker import DEFAULT_IMAGE, DockerOptions, call, make_client, translate_errors
 from ._errors import BackendUnavailable
+from .backends._docker import (
+    DEFAULT_IMAGE,
+    DockerOptions,
+    call,
+    find_image,
+    make_client,
+    translate_errors,
+)
 
 SUITE = "bookworm"
 BASE_IMAGE = f"kernelexec/base:{SUITE}"
@@ -94,19 +101,14 @@ def _uris(text: str) -> Iterator[str]:
 
 
 def _image_id(client: docker.DockerClient, tag: str) -> str | None:
-    try:
-        image_id = client.images.get(tag).id
-    except docker.errors.ImageNotFound:
-        return None
+    image = find_image(client, tag)
+    image_id = None if image is None else image.id
     return image_id if isinstance(image_id, str) else None
 
 
 def _labelled(client: docker.DockerClient, tag: str, label: str) -> str | None:
-    try:
-        image = client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        return None
-    value = (image.labels or {}).get(label)
+    image = find_image(client, tag)
+    value = None if image is None else (image.labels or {}).get(label)
     return value if isinstance(value, str) else None
 
 
@@ -134,7 +136,8 @@ def build_image(
             _docker_build(client, "Dockerfile", tag, recipe, progress, {})
         progress(f"Built {tag} (recipe {recipe}).")
         if previous is not None and previous != call("inspect", _image_id, client, tag):
-            # The image this build replaced is now untagged; drop it unless something uses it.
+            # The image this build replaced is now untagged; drop it unless something uses it
+            # (the engine refuses then, with an APIError: that refusal is the expected answer).
             with contextlib.suppress(docker.errors.APIError):
                 client.images.remove(previous)
         return BuildResult(tag=tag, recipe=recipe, skipped=False)

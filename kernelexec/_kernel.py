@@ -417,7 +417,7 @@ def _append(text: str, note: str) -> str:
     return f"{text.rstrip()}\n{note}" if text.strip() else note
 
 
-class KernelExecutor(SyncExecutor[AsyncKernelExecutor]):
+class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor):
     """Synchronous stateful executor: blocks share one IPython kernel.
 
     >>> with KernelExecutor(timeout=30) as ex:
@@ -425,29 +425,6 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor]):
     ...     ex.execute("x * 2").output
     '42'
     """
-
-    def __init__(
-        self,
-        backend: KernelBackend | None = None,
-        *,
-        kernel_name: str = "python3",
-        python: str | os.PathLike[str] | None = None,
-        work_dir: str | os.PathLike[str] | None = None,
-        timeout: float = 60.0,
-        env: Mapping[str, str] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            AsyncKernelExecutor(
-                backend,
-                kernel_name=kernel_name,
-                python=python,
-                work_dir=work_dir,
-                timeout=timeout,
-                env=env,
-                **options,
-            )
-        )
 
     @property
     def backend(self) -> KernelBackend:

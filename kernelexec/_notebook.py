@@ -1,340 +1,41 @@
-"""Notebooks: every session recorded as one, and notebooks run through an executor.
+"""Running a notebook: papermill-style parameters, its code cells in order, outputs written back.
 
-A session notebook has one code cell per block that ran, built from the block's nbformat v4
-outputs (the one output model), so opening it in Jupyter shows what the agent saw. Shell blocks
-become ``%%bash`` cells so the notebook re-runs in an IPython kernel. With a path set the notebook
-is rewritten after every block through a temporary file in the same folder and ``os.replace``: a
-crash of the host process leaves either the previous or the new file, never half of one.
-
-``run_notebook`` goes the other way: it reads a notebook, injects papermill-style parameters, runs
-its code cells in order with a stateful executor and writes the outputs back.
+``run_notebook`` reads a notebook, injects parameters after the cell tagged ``parameters``, runs
+its code cells in order on a stateful executor (given, named through the registry, or a local
+kernel from the notebook's kernelspec) and writes each cell's outputs back as it finishes.
 """
 
 from __future__ import annotations
 
 import ast
-import base64
-import copy
-import json
 import keyword
 import os
-import tempfile
-import textwrap
-import threading
+import sys
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import nbformat
-import nbformat.corpus.words
-import nbformat.reader
-import nbformat.v4
-import nbformat.v4.rwbase
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbformat import NotebookNode
 
 from ._errors import NotebookError
+from ._executor import AsyncExecutor, SyncExecutor, executor_label
+from ._kernel import AsyncKernelExecutor, KernelExecutor
+from ._registry import make_executor
+from ._session import (
+    META_KEY,
+    cell_outputs,
+    new_code_cell,
+    read_notebook,
+    result_metadata,
+    write_notebook,
+)
 from ._types import EXIT_OK, ExecutionResult
 
-if TYPE_CHECKING:
-    from ._executor import AsyncExecutor, SyncExecutor
-
-# nbformat's functions carry no annotations; these typed names keep mypy --strict meaningful.
-new_output: Callable[..., NotebookNode] = nbformat.v4.new_output
-new_code_cell: Callable[..., NotebookNode] = nbformat.v4.new_code_cell
-new_notebook: Callable[..., NotebookNode] = nbformat.v4.new_notebook
-new_markdown_cell: Callable[..., NotebookNode] = nbformat.v4.new_markdown_cell
-from_dict: Callable[[Any], NotebookNode] = nbformat.from_dict
-random_cell_id: Callable[[], str] = nbformat.corpus.words.generate_corpus_id
-_writes: Callable[[NotebookNode], str] = nbformat.writes
-_split_lines: Callable[[NotebookNode], NotebookNode] = nbformat.v4.rwbase.split_lines
-_reader_reads: Callable[[str], NotebookNode] = nbformat.reader.reads
-_convert: Callable[[NotebookNode, int], NotebookNode] = nbformat.convert
-
-#: the key kernelexec's own cell and notebook metadata live under
-META_KEY = "kernelexec"
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 DEFAULT_CELL_TIMEOUT = 600.0
-
-# How a non-Python block is written so that an IPython kernel runs it the same way.
-_CELL_MAGICS = {"shell": "%%bash", "powershell": "%%script pwsh"}
-_KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-_OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
-
-
-# -- outputs and cells ------------------------------------------------------------------------
-def cell_source(code: str, language: str) -> str:
-    """The cell source that re-runs ``code`` in an IPython kernel."""
-    magic = _CELL_MAGICS.get(language)
-    if magic is None or code.lstrip().startswith("%%"):
-        return code
-    return f"{magic}\n{code}"
-
-
-def to_nb_output(output: Mapping[str, Any], execution_count: int | None) -> NotebookNode | None:
-    """A schema-valid nbformat output from an executor's output dict (None: not a cell output).
-
-    Keys the schema does not allow (``transient``, back-end extras) are dropped; binary MIME
-    payloads are base64-encoded, as Jupyter stores them.
-    """
-    kind = output.get("output_type")
-    if kind not in _OUTPUT_TYPES:
-        return None
-    if kind == "stream":
-        return new_output("stream", name=output.get("name", "stdout"), text=_text(output))
-    if kind == "error":
-        return new_output(
-            "error",
-            ename=str(output.get("ename", "Error")),
-            evalue=str(output.get("evalue", "")),
-            traceback=[str(line) for line in output.get("traceback") or []],
-        )
-    data = {mime: _mime_value(value) for mime, value in (output.get("data") or {}).items()}
-    fields: dict[str, Any] = {"metadata": dict(output.get("metadata") or {})}
-    if kind == "execute_result":
-        fields["execution_count"] = output.get("execution_count", execution_count)
-    return new_output(kind, data=data, **fields)
-
-
-def _text(output: Mapping[str, Any]) -> str:
-    text = output.get("text", "")
-    return "".join(text) if isinstance(text, list) else str(text)
-
-
-def _mime_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    return value
-
-
-def _safe_output(output: Mapping[str, Any], execution_count: int | None) -> NotebookNode | None:
-    """``to_nb_output``, but an output the schema rejects becomes a note, never a lost session."""
-    try:
-        return to_nb_output(output, execution_count)
-    except nbformat.ValidationError as exc:
-        note = f"[kernelexec: a {output.get('output_type')} output was not valid nbformat: "
-        return new_output("stream", name="stderr", text=f"{note}{exc.message}]\n")
-
-
-def cell_outputs(result: ExecutionResult, execution_count: int | None) -> list[NotebookNode]:
-    """A result's outputs as notebook outputs; a failure with no error output gets one."""
-    outputs = [
-        converted
-        for out in result.outputs
-        if (converted := _safe_output(out, execution_count)) is not None
-    ]
-    has_error = any(out.output_type == "error" for out in outputs)
-    if not result.ok and not has_error and result.error is not None:
-        # e.g. a timeout or a dead kernel reported only in the result: the notebook must show it
-        outputs.append(
-            new_output(
-                "error",
-                ename=result.error.ename,
-                evalue=result.error.evalue,
-                traceback=list(result.error.traceback),
-            )
-        )
-    return outputs
-
-
-def result_metadata(result: ExecutionResult, executor: str) -> dict[str, Any]:
-    """What kernelexec records about one block in its cell's metadata."""
-    meta: dict[str, Any] = {
-        "language": result.language,
-        "exit_code": result.exit_code,
-        "duration_s": round(result.duration_s, 6),
-        "executor": executor,
-    }
-    for flag in ("timed_out", "truncated", "kernel_died", "state_lost"):
-        if getattr(result, flag):
-            meta[flag] = True
-    return meta
-
-
-def session_cell(
-    code: str, language: str, result: ExecutionResult, *, executor: str, count: int
-) -> NotebookNode:
-    """One session block as a code cell."""
-    execution_count = result.execution_count if result.execution_count is not None else count
-    # Built as a plain dict: ``new_code_cell`` validates against the schema on every call,
-    # about 0.3 ms per block on the hot path; whole notebooks are validated when written.
-    cell: NotebookNode = from_dict(
-        {
-            "cell_type": "code",
-            "id": random_cell_id(),
-            "metadata": {META_KEY: result_metadata(result, executor)},
-            "source": cell_source(code, language),
-            "execution_count": execution_count,
-            "outputs": cell_outputs(result, execution_count),
-        }
-    )
-    return cell
-
-
-def empty_session_notebook() -> NotebookNode:
-    return new_notebook(
-        metadata={"kernelspec": dict(_KERNELSPEC), "language_info": {"name": "python"}}
-    )
-
-
-# -- reading and writing ----------------------------------------------------------------------
-def write_notebook(nb: NotebookNode, path: str | os.PathLike[str]) -> Path:
-    """Write ``nb`` atomically: a temp file in the same folder, flushed, then ``os.replace``.
-
-    Readers (and a host process killed mid-write) see the old file or the new one, never a mix.
-    """
-    return write_text_atomic(_writes(nb) + "\n", path)
-
-
-def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
-    """Replace ``path`` with ``text`` so that no reader ever sees a partial file."""
-    target = Path(path).absolute()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = _file_mode(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            if hasattr(os, "fchmod"):  # mkstemp makes 0600 files; a notebook is an ordinary file
-                os.fchmod(fd, mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise NotebookError(f"cannot write notebook {target}: {exc}") from exc
-    return target
-
-
-def _file_mode(target: Path) -> int:
-    """The replaced file's permissions, or what ``open()`` would give a new file (umask applied)."""
-    try:
-        return target.stat().st_mode & 0o7777
-    except OSError:
-        return 0o666 & ~_umask()
-
-
-def _umask() -> int:
-    # Reading it from /proc avoids os.umask's set-and-restore, which races with other threads.
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
-def read_notebook(path: str | os.PathLike[str]) -> NotebookNode:
-    """Read and validate a notebook as nbformat v4; any problem is a ``NotebookError``."""
-    source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotebookError(f"cannot read notebook {source}: {exc}") from exc
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise NotebookError(f"{source} is not a notebook: invalid JSON ({exc})") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("nbformat"), int):
-        raise NotebookError(f"{source} is not a notebook: no 'nbformat' version field")
-    try:
-        # nbformat's reader joins line lists into strings (``source`` may be either on disk).
-        nb = _convert(_reader_reads(text), 4)
-        _add_missing_ids(nb)
-        nbformat.validate(nb)
-    except nbformat.ValidationError as exc:
-        raise NotebookError(f"{source} is not a valid notebook: {exc.message}") from exc
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise NotebookError(f"{source} is not a valid notebook: {exc}") from exc
-    return nb
-
-
-def _add_missing_ids(nb: NotebookNode) -> None:
-    """Hand-made 4.5 notebooks often lack cell ids; nbformat only warns about it, so add them."""
-    if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) < (4, 5):
-        return
-    for cell in nb.get("cells", []):
-        if isinstance(cell, dict) and "id" not in cell:
-            cell["id"] = uuid.uuid4().hex[:8]
-
-
-class SessionNotebook:
-    """The notebook an executor keeps of its session; optionally mirrored to a file."""
-
-    def __init__(self, *, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = None if path is None else Path(path).absolute()
-        self._nb = empty_session_notebook()
-        # Cells never change once recorded, so each is serialized once: rewriting the file after
-        # every block then costs the write, not re-encoding (and re-validating) the whole session.
-        self._cell_texts: list[str] = []
-        self._count = 0
-        # The executor records on its event-loop thread; callers read from theirs.
-        self._guard = threading.Lock()
-
-    def record(
-        self, code: str, language: str, result: ExecutionResult, *, executor: str
-    ) -> NotebookNode:
-        """Append the block as a cell and, with a path set, rewrite the file."""
-        with self._guard:
-            self._count += 1
-            cell = session_cell(code, language, result, executor=executor, count=self._count)
-            self._nb.metadata[META_KEY] = {"executor": executor}
-            cells = [cell]
-            if result.state_lost:  # re-running the notebook must not assume the old state
-                cells.append(new_markdown_cell(_STATE_LOST_NOTE))
-            self._append(cells)
-        return cell
-
-    def record_restart(self) -> None:
-        """Mark a restart: cells below it ran in a fresh kernel."""
-        with self._guard:
-            self._append([new_markdown_cell(_RESTART_NOTE)])
-
-    def _append(self, cells: list[NotebookNode]) -> None:
-        self._nb.cells.extend(cells)
-        if self.path is not None:
-            write_text_atomic(self._text(), self.path)
-
-    def _text(self) -> str:
-        """The notebook as ``nbformat.write`` would write it, from the cached cell texts."""
-        # Cells are serialized when first written, not when recorded: a session with no file
-        # does not pay for JSON it never writes (about a millisecond a block).
-        self._cell_texts.extend(_cell_text(c) for c in self._nb.cells[len(self._cell_texts) :])
-        header = copy.copy(self._nb)
-        header.cells = [_CELLS_MARK] if self._cell_texts else []
-        text = _dumps(header).replace(f'  "{_CELLS_MARK}"', ",\n".join(self._cell_texts), 1)
-        return text + "\n"
-
-    def copy(self) -> NotebookNode:
-        """A deep copy, safe to change and to keep while the session goes on."""
-        with self._guard:
-            return copy.deepcopy(self._nb)
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        with self._guard:
-            return write_text_atomic(self._text(), path)
-
-
-_CELLS_MARK = "__kernelexec_cells__"
-_RESTART_NOTE = "*kernelexec: restarted here; cells below ran in a fresh kernel.*"
-_STATE_LOST_NOTE = "*kernelexec: the kernel was replaced after the cell above; its state is gone.*"
-
-
-def _dumps(obj: Any) -> str:
-    # nbformat's own JSON layout, so files match what Jupyter and nbformat.write produce
-    return json.dumps(obj, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
-
-
-def _cell_text(cell: NotebookNode) -> str:
-    """One cell's JSON with multi-line strings split into lines, indented to sit in ``cells``."""
-    holder = _split_lines(new_notebook(cells=[copy.deepcopy(cell)]))
-    return textwrap.indent(_dumps(holder.cells[0]), "  ")
 
 
 # -- parameters -------------------------------------------------------------------------------
@@ -395,8 +96,6 @@ def kernelspec_name(nb: NotebookNode) -> str | None:
 
 def check_kernelspec(name: str) -> None:
     """Raise a ``NotebookError`` naming ``name`` when no such kernelspec is installed."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
     manager = KernelSpecManager()
     try:
         manager.get_kernel_spec(name)
@@ -491,15 +190,25 @@ class _Run:
 
 
 class _Progress:
-    """A rich progress bar on stderr (a no-op when disabled)."""
+    """Progress on stderr: a rich bar when rich is installed, else a line per cell."""
 
     def __init__(self, enabled: bool, total: int) -> None:
+        self._enabled = enabled
+        self._total = total
+        self._done = 0
         self._bar: Any = None
         self._task: Any = None
         if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
+            try:  # rich is optional (the bench extra brings it); imported only when asked for
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TimeElapsedColumn,
+                )
+            except ImportError:
+                return
             self._bar = Progress(
                 "[progress.description]{task.description}",
                 BarColumn(),
@@ -519,8 +228,11 @@ class _Progress:
             self._bar.stop()
 
     def advance(self) -> None:
+        self._done += 1
         if self._bar is not None:
             self._bar.advance(self._task)
+        elif self._enabled:
+            print(f"cells: {self._done}/{self._total}", file=sys.stderr, flush=True)
 
 
 def _prepare(
@@ -558,8 +270,6 @@ async def run_notebook_async(
     if executor is not None:
         _check_stateful(executor)
         return await run.execute(executor)
-    from ._kernel import AsyncKernelExecutor
-
     async with AsyncKernelExecutor(
         **_kernel_options(nb, Path(work_dir or source.parent), timeout)
     ) as owned:
@@ -588,8 +298,6 @@ def run_notebook(
     are injected papermill-style after the cell tagged ``parameters``. An executor built here
     works in ``work_dir``, by default the notebook's folder (as in Jupyter).
     """
-    from ._executor import SyncExecutor
-
     nb, source = _prepare(path, parameters)
     run = _Run(nb, output_path, timeout, allow_errors=allow_errors, progress=progress)
     if isinstance(executor, SyncExecutor):
@@ -604,14 +312,7 @@ def run_notebook(
 def _run_on(executor: SyncExecutor[Any], run: _Run) -> NotebookNode:
     _check_stateful(executor.aio)
     # The core belongs to the executor's own event loop, so the whole run goes there.
-    nb: NotebookNode = executor._call(run.execute, executor.aio)
-    return nb
-
-
-def executor_label(executor: AsyncExecutor) -> str:
-    """The back end's kind (``local-command``, ``docker-kernel``) or else the executor's."""
-    backend = getattr(executor, "backend", None)
-    return str(getattr(backend, "kind", None) or executor.kind)
+    return executor.run(run.execute, executor.aio)
 
 
 def _kernel_options(nb: NotebookNode, work_dir: Path, timeout: float) -> dict[str, Any]:
@@ -628,12 +329,5 @@ def _build_executor(
 ) -> SyncExecutor[Any]:
     """A local kernel from the notebook's kernelspec, or the executor ``name`` stands for."""
     if name is None or name == "kernel":
-        from ._kernel import KernelExecutor
-
-        executor: SyncExecutor[Any] = KernelExecutor(**_kernel_options(nb, work_dir, timeout))
-        return executor
-    from .cli import EXECUTORS
-
-    if name not in EXECUTORS:
-        raise ValueError(f"unknown executor {name!r} (valid: {', '.join(sorted(EXECUTORS))})")
-    return EXECUTORS[name](work_dir=work_dir, timeout=timeout)
+        return KernelExecutor(**_kernel_options(nb, work_dir, timeout))
+    return make_executor(name, work_dir=work_dir, timeout=timeout)

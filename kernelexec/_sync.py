@@ -1,8 +1,9 @@
-"""Run an async core from synchronous code, even inside a running event loop.
+"""The one sync front: run an async core from synchronous code, even inside a running loop.
 
-Each synchronous executor owns a ``Portal``: an asyncio event loop in a thread of its own. Calls
-are handed to that loop and waited for, so the caller's thread may itself be running a loop (a
-Jupyter notebook cell) without ``nest_asyncio`` or "event loop is already running" errors.
+Each synchronous front (executor, pool, session manager) owns a ``Portal``: an asyncio event
+loop in a thread of its own. Calls are handed to that loop and waited for, so the caller's thread
+may itself be running a loop (a Jupyter notebook cell) without ``nest_asyncio`` or "event loop is
+already running" errors.
 
 Why not anyio's ``BlockingPortal``: measured on these machines, a trivial kernel round trip took
 about 2 ms longer through it than through ``asyncio.run_coroutine_threadsafe`` on a plain loop
@@ -15,7 +16,10 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+from ._errors import ExecutorClosed, ReentrantCall
 
 T = TypeVar("T")
 
@@ -39,10 +43,10 @@ class Portal:
 
     def call(self, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         if self._stopped:
-            raise RuntimeError("the executor's event-loop thread has stopped")
+            raise ExecutorClosed("the event-loop thread has stopped")
         if threading.current_thread() is self._thread:
             # e.g. an on_output callback calling the sync API: waiting here would deadlock.
-            raise RuntimeError("a synchronous executor cannot be called from its own callbacks")
+            raise ReentrantCall("a synchronous executor cannot be called from its own callbacks")
         future = asyncio.run_coroutine_threadsafe(_as_coroutine(func, args, kwargs), self._loop)
         try:
             return future.result()
@@ -88,19 +92,74 @@ async def _as_coroutine(
     return await func(*args, **kwargs)
 
 
-def close_on_collect(
-    owner: object, portal: Portal, close: Callable[[], Awaitable[None]]
-) -> weakref.finalize[Any, Any]:
-    """Close the core and stop the portal if ``owner`` is collected (or at exit) unclosed.
+class _Core(Protocol):
+    """What a sync front needs of its async core."""
 
-    ``close`` is the core's bound ``close``; the finalizer holds the core, never ``owner``.
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Core)
+_F = TypeVar("_F", bound="SyncFront[Any]")
+
+
+class SyncFront(Generic[C]):
+    """The synchronous face of an async core: every call runs on the core's event-loop thread.
+
+    The one sync front: executors, pools and session managers all derive from it, so starting,
+    calling and closing work the same way for each. A front owns its portal, or shares another
+    front's (an executor lent by a pool runs on the pool's loop, where its kernel lives): closing
+    a front closes its core, and stops the portal only if the front owns it. An unclosed front
+    is closed when collected or at interpreter exit.
     """
-    return weakref.finalize(owner, _finalize, portal, close)
+
+    def __init__(self, core: C, *, portal: Portal | None = None) -> None:
+        owns_portal = portal is None
+        self._portal = portal or Portal(name=f"kernelexec-{type(core).__name__}")
+        self._core = core
+        self._finalizer = weakref.finalize(self, _finalize, self._portal, core.close, owns_portal)
+
+    @property
+    def aio(self) -> C:
+        """The async core (for callers that have an event loop of their own)."""
+        return self._core
+
+    def start(self) -> None:
+        """Start the core now (otherwise it starts on first use, or in ``with``)."""
+        self._call(self._core.start)
+
+    def close(self) -> None:
+        """Close the core (and stop the event-loop thread if this front owns it). Idempotent."""
+        self._finalizer()
+
+    def __enter__(self: _F) -> _F:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``func(*args, **kwargs)`` on the core's loop and wait for it."""
+        if not self._portal.running:
+            raise ExecutorClosed(f"{type(self).__name__} is closed")
+        return self._portal.call(func, *args, **kwargs)
 
 
-def _finalize(portal: Portal, close: Callable[[], Awaitable[None]]) -> None:
+def _finalize(portal: Portal, close: Callable[[], Awaitable[None]], stop_portal: bool) -> None:
     try:
         if portal.running:
             portal.call(close)
     finally:
-        portal.stop()
+        if stop_portal:
+            portal.stop()

@@ -20,12 +20,10 @@ Messages are OpenAI-style dicts (``{"role": ..., "content": ...}``): the writer 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
 import os
 import re
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +32,10 @@ from typing import Any, Literal
 import nbformat.v4
 from nbformat import NotebookNode
 
+from ._command import CommandLineExecutor
 from ._executor import AsyncExecutor, SyncExecutor
 from ._extract import extract_code_blocks
-from ._notebook import META_KEY, session_cell, write_notebook
+from ._session import META_KEY, session_cell, write_notebook
 from ._types import CodeBlock, ExecutionResult
 
 Message = dict[str, Any]
@@ -346,8 +345,6 @@ def run_chat(
 ) -> ChatResult:
     """Synchronous ``arun_chat``; without an executor a stateless one is made and closed."""
     if executor is None:
-        from ._command import CommandLineExecutor
-
         with CommandLineExecutor() as own:
             return run_chat(
                 task,
@@ -362,7 +359,7 @@ def run_chat(
                 on_turn=on_turn,
             )
     # The conversation runs on the executor's own event-loop thread, next to its core.
-    return executor._call(
+    return executor.run(
         arun_chat,
         task,
         model=model,
@@ -433,65 +430,6 @@ def ask_on_terminal(request: ApprovalRequest) -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
-# -- the `kernelexec chat` command ------------------------------------------------------------
-def add_chat_command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    add_executor_options: Callable[[argparse.ArgumentParser], None],
-) -> None:
-    """Register ``kernelexec chat "task" --model M --base-url URL`` on the CLI's sub-parsers."""
-    chat = sub.add_parser("chat", help="let a model solve a task by writing code that runs here")
-    chat.add_argument("task", help="what the model should do")
-    chat.add_argument("--model", required=True, help="the model name the server knows")
-    chat.add_argument(
-        "--base-url",
-        default=None,
-        help="an OpenAI-compatible server, e.g. http://localhost:11434/v1 (default: OpenAI)",
-    )
-    chat.add_argument("--max-turns", type=int, default=10, help="most replies from the model")
-    chat.add_argument("--yes", action="store_true", help="run code without asking first")
-    chat.add_argument("--notebook", help="save the transcript as this .ipynb")
-    chat.add_argument(
-        "--send-images", action="store_true", help="send saved images to the model (vision)"
-    )
-    add_executor_options(chat)
-    chat.set_defaults(func=cmd_chat)
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    from .cli import make_executor
-
-    model = OpenAIChatModel(args.model, base_url=args.base_url)
-    options: dict[str, Any] = {"timeout": args.timeout}
-    if args.work_dir:
-        options["work_dir"] = args.work_dir
-    try:
-        with make_executor(args.executor, **options) as executor:
-            chat = run_chat(
-                args.task,
-                model=model,
-                executor=executor,
-                max_turns=args.max_turns,
-                approve=None if args.yes else ask_on_terminal,
-                send_images=args.send_images,
-                notebook_path=args.notebook,
-                on_turn=_print_turn,
-            )
-    finally:
-        model.close()
-    if chat.notebook_path is not None:
-        print(f"Transcript saved to {chat.notebook_path}")
-    if chat.stop_reason != "terminate":
-        print(f"kernelexec: no TERMINATE after {args.max_turns} turns", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _print_turn(turn: ChatTurn) -> None:
-    print(f"\n--- writer ---\n{turn.writer}", flush=True)
-    if turn.reply is not None:
-        print(f"\n--- executor ---\n{turn.reply}", flush=True)
-
-
 __all__ = [
     "NO_CODE_REPLY",
     "REFUSED_REPLY",
@@ -506,7 +444,6 @@ __all__ = [
     "Model",
     "OpenAIChatModel",
     "TurnCallback",
-    "add_chat_command",
     "arun_chat",
     "ask_on_terminal",
     "is_termination",

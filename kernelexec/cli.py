@@ -11,66 +11,24 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import KernelExecError
-from ._executor import SyncExecutor
 from ._extract import extract_code_blocks, normalize_language
+from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
+from .backends._docker_options import DEFAULT_IMAGE
 
-#: names accepted by ``--executor``, each with a factory taking the executor keyword options
-EXECUTORS: dict[str, Callable[..., SyncExecutor[Any]]] = {}
+if TYPE_CHECKING:
+    from ._executor import SyncExecutor
+    from .agent import ChatTurn
 
-
-def _command_executor(**options: Any) -> SyncExecutor[Any]:
-    from ._command import CommandLineExecutor
-
-    return CommandLineExecutor(**options)
-
-
-EXECUTORS["command"] = _command_executor
-
-
-def _docker_command_executor(**options: Any) -> SyncExecutor[Any]:
-    from ._command import CommandLineExecutor
-    from .backends.docker_command import DockerCommand
-
-    return CommandLineExecutor(backend=DockerCommand(), **options)
-
-
-def _docker_kernel_executor(**options: Any) -> SyncExecutor[Any]:
-    from ._kernel import KernelExecutor
-    from .backends.docker_kernel import DockerKernel
-
-    return KernelExecutor(backend=DockerKernel(), **options)
-
-
-EXECUTORS["docker-command"] = _docker_command_executor
-EXECUTORS["docker-kernel"] = _docker_kernel_executor
-
-
-def _kernel_executor(**options: Any) -> SyncExecutor[Any]:
-    from ._kernel import KernelExecutor
-
-    return KernelExecutor(**options)
-
-
-EXECUTORS["kernel"] = _kernel_executor
-
-
-def _gateway_executor(
-    *, url: str, token: str | None = None, user: str | None = None, **options: Any
-) -> SyncExecutor[Any]:
-    from ._kernel import KernelExecutor
-    from .backends.gateway_kernel import GatewayKernel
-
-    return KernelExecutor(backend=GatewayKernel(url, token=token, username=user), **options)
-
-
-EXECUTORS["gateway"] = _gateway_executor
+# Start-up time: a sub-command's heavy modules (jupyter_client, the Docker SDK, nbformat, the
+# agent loop, the bench) are imported inside the function that runs it, so `kernelexec --help`
+# and argument errors stay fast.
 
 
 def _remote(args: argparse.Namespace) -> dict[str, Any]:
@@ -83,18 +41,13 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     return {"url": args.remote, "token": args.token, "user": args.remote_user}
 
 
-#: what ``--executor`` means when not given: the embedded default, a local kernel
-DEFAULT_EXECUTOR = "kernel"
-
-
-def make_executor(name: str, **options: Any) -> SyncExecutor[Any]:
-    """Build the executor ``--executor NAME`` stands for."""
-    try:
-        factory = EXECUTORS[name]
-    except KeyError:
-        valid = ", ".join(sorted(EXECUTORS))
-        raise SystemExit(f"kernelexec: unknown executor {name!r} (valid: {valid})") from None
-    return factory(**options)
+def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any]:
+    """The executor ``--executor`` (and ``--remote``) name, with the common options."""
+    options.setdefault("timeout", args.timeout)
+    if getattr(args, "work_dir", None):
+        options.setdefault("work_dir", args.work_dir)
+    options.update(_remote(args))
+    return make_executor(args.executor, **options)
 
 
 def blocks_from_source(text: str, path: str) -> list[CodeBlock]:
@@ -127,10 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="kernelexec-run-")
     result: ExecutionResult | None = None
     try:
-        remote = _remote(args)
-        with make_executor(
-            args.executor, timeout=args.timeout, work_dir=work_dir, **remote
-        ) as executor:
+        with _executor_from(args, work_dir=work_dir) as executor:
             result = executor.execute_code_blocks(blocks)
     finally:
         if not args.work_dir and (result is None or not result.files):
@@ -154,7 +104,9 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--executor",
         default=DEFAULT_EXECUTOR,
-        help=f"which executor runs the blocks (default: {DEFAULT_EXECUTOR})",
+        metavar="NAME",
+        help=f"which executor runs the blocks: {', '.join(EXECUTOR_NAMES)} "
+        f"(default: {DEFAULT_EXECUTOR})",
     )
     parser.add_argument("--work-dir", help="where code runs and files land (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per block")
@@ -169,11 +121,7 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
 def cmd_repl(args: argparse.Namespace) -> int:
     from ._repl import run_repl
 
-    options: dict[str, Any] = {"timeout": args.timeout}
-    if args.work_dir:
-        options["work_dir"] = args.work_dir
-    options.update(_remote(args))
-    with make_executor(args.executor, **options) as executor:
+    with _executor_from(args) as executor:
         return run_repl(
             executor,
             sys.stdin,
@@ -197,7 +145,8 @@ def _add_repl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_notebook_run(args: argparse.Namespace) -> int:
-    from ._notebook import META_KEY, parse_parameter, run_notebook
+    from ._notebook import parse_parameter, run_notebook
+    from ._session import META_KEY
 
     output = args.output or args.notebook  # like nbconvert --inplace when no -o is given
     parameters = {name: parse_parameter(value) for name, value in args.parameter or []}
@@ -234,7 +183,9 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument(
         "--executor",
         default=None,
-        help="kernel or docker-kernel (default: a local kernel from the notebook's kernelspec)",
+        metavar="NAME",
+        help="a stateful executor: kernel, docker-kernel or gateway "
+        "(default: a local kernel from the notebook's kernelspec)",
     )
     run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     run.add_argument("--work-dir", help="where the cells run (default: the notebook's folder)")
@@ -259,7 +210,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ._docker import gc
+    from .backends._docker import gc
 
     removed = gc(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -268,8 +219,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ._docker import DEFAULT_IMAGE
-
     image = sub.add_parser("image", help="the Docker image the docker executors use")
     image_sub = image.add_subparsers(dest="image_command", required=True)
     build = image_sub.add_parser("build", help="build the image (skipped when up to date)")
@@ -301,9 +250,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .agent import add_chat_command  # the chat's options live with the agent loop
+    """``kernelexec chat "task" --model M --base-url URL``: the built-in agent loop."""
+    chat = sub.add_parser("chat", help="let a model solve a task by writing code that runs here")
+    chat.add_argument("task", help="what the model should do")
+    chat.add_argument("--model", required=True, help="the model name the server knows")
+    chat.add_argument(
+        "--base-url",
+        default=None,
+        help="an OpenAI-compatible server, e.g. http://localhost:11434/v1 (default: OpenAI)",
+    )
+    chat.add_argument("--max-turns", type=int, default=10, help="most replies from the model")
+    chat.add_argument("--yes", action="store_true", help="run code without asking first")
+    chat.add_argument("--notebook", help="save the transcript as this .ipynb")
+    chat.add_argument(
+        "--send-images", action="store_true", help="send saved images to the model (vision)"
+    )
+    _add_executor_options(chat)
+    chat.set_defaults(func=cmd_chat)
 
-    add_chat_command(sub, _add_executor_options)
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .agent import OpenAIChatModel, ask_on_terminal, run_chat
+
+    model = OpenAIChatModel(args.model, base_url=args.base_url)
+    try:
+        with _executor_from(args) as executor:
+            chat = run_chat(
+                args.task,
+                model=model,
+                executor=executor,
+                max_turns=args.max_turns,
+                approve=None if args.yes else ask_on_terminal,
+                send_images=args.send_images,
+                notebook_path=args.notebook,
+                on_turn=_print_turn,
+            )
+    finally:
+        model.close()
+    if chat.notebook_path is not None:
+        print(f"Transcript saved to {chat.notebook_path}")
+    if chat.stop_reason != "terminate":
+        print(f"kernelexec: no TERMINATE after {args.max_turns} turns", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_turn(turn: ChatTurn) -> None:
+    print(f"\n--- writer ---\n{turn.writer}", flush=True)
+    if turn.reply is not None:
+        print(f"\n--- executor ---\n{turn.reply}", flush=True)
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -33,14 +33,16 @@ from ._errors import (
     ExecutorClosed,
     KernelStartFailed,
     PoolExhausted,
+    SessionExists,
     SessionLimitReached,
     SessionNotFound,
 )
-from ._executor import AsyncExecutor
+from ._executor import AsyncExecutor, SyncExecutor
 from ._kernel import AsyncKernelExecutor, KernelExecutor
-from ._sync import Portal
+from ._sync import SyncFront
 from ._types import ExecutionResult
 from .backends.base import KernelBackend, KernelClientLike
+from .backends.local_kernel import LocalKernel
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +109,6 @@ class SessionOptions:
 
 
 def _default_backend() -> KernelBackend:
-    from .backends.local_kernel import LocalKernel
-
     return LocalKernel()
 
 
@@ -210,6 +210,8 @@ class AsyncKernelPool:
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until ``min_size`` kernels are idle (or the pool cannot get there)."""
+        self._check_open()
+        self._refill()  # an unstarted pool starts filling here
         cond = self._condition()
         async with cond:
             await asyncio.wait_for(cond.wait_for(self._ready_or_stuck), timeout)
@@ -436,7 +438,7 @@ class AsyncSessionManager:
         """Start a new session; ``SessionLimitReached`` at the maximum, ValueError if it exists."""
         self._check_open()
         if name in self._sessions:
-            raise ValueError(f"session {name!r} already exists")
+            raise SessionExists(f"session {name!r} already exists")
         if len(self._sessions) + self._reserved >= self.options.max_sessions:
             raise SessionLimitReached(
                 f"the session manager holds its maximum of {self.options.max_sessions} sessions"
@@ -449,7 +451,7 @@ class AsyncSessionManager:
         if self._closed or name in self._sessions:
             await executor.close()
             self._check_open()
-            raise ValueError(f"session {name!r} already exists")
+            raise SessionExists(f"session {name!r} already exists")
         self._sessions[name] = _Session(name=name, executor=executor)
         self._culled.pop(name, None)
         self._ensure_culler()
@@ -498,6 +500,10 @@ class AsyncSessionManager:
         # waits for these instead).
         await asyncio.shield(asyncio.gather(*closing, return_exceptions=True))
         return [s.name for s in stale]
+
+    async def start(self) -> None:
+        """Nothing to start ahead of use (sessions start on ``create``); checks it is open."""
+        self._check_open()
 
     async def close(self) -> None:
         """Close every session (and stop culling). Safe to call twice."""
@@ -604,37 +610,11 @@ class AsyncSessionManager:
 # -- synchronous twins ------------------------------------------------------------------------
 
 
-class _PortalExecutor(KernelExecutor):
-    """A synchronous kernel executor driven on a pool's event-loop thread (its kernel is there)."""
-
-    def __init__(self, core: AsyncKernelExecutor, portal: Portal) -> None:
-        # Not KernelExecutor.__init__: the core exists, and the portal is the pool's, so it
-        # must outlive this executor (closing it closes the core only).
-        self._portal = portal
-        self._core = core
-        self._finalizer = weakref.finalize(self, _close_core, portal, core.close)
-
-
-def _close_core(portal: Portal, close: Callable[[], Awaitable[None]]) -> None:
-    if portal.running:
-        with contextlib.suppress(Exception):
-            portal.call(close)
-
-
-class _Front:
-    """Owns a portal and an async core built on it; closes both at exit or collection."""
-
-    def __init__(self, name: str, portal: Portal | None = None) -> None:
-        self._portal = portal or Portal(name=name)
-
-    def _call(self, func: Callable[..., Awaitable[_T]], /, *args: Any, **kwargs: Any) -> _T:
-        if not self._portal.running:
-            raise ExecutorClosed(f"{type(self).__name__} is closed")
-        return self._portal.call(func, *args, **kwargs)
-
-
-class KernelPool(_Front):
+class KernelPool(SyncFront[AsyncKernelPool]):
     """Synchronous kernel pool; ``acquire`` returns a synchronous kernel executor.
+
+    Takes ``AsyncKernelPool``'s arguments. Like an executor it starts filling in ``with`` (or
+    ``start()``); ``acquire`` works either way.
 
     >>> with KernelPool(options=PoolOptions(min_size=1, max_size=2)) as pool:  # doctest: +SKIP
     ...     with pool.acquire() as executor:
@@ -642,17 +622,8 @@ class KernelPool(_Front):
     '1\\n'
     """
 
-    def __init__(
-        self,
-        backend_factory: BackendFactory | None = None,
-        *,
-        options: PoolOptions | None = None,
-        **executor_options: Any,
-    ) -> None:
-        super().__init__("kernelexec-pool")
-        self.aio = AsyncKernelPool(backend_factory, options=options, **executor_options)
-        self._finalizer = weakref.finalize(self, _stop, self._portal, self.aio.close)
-        self._call(self.aio.start)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(AsyncKernelPool(*args, **kwargs))
 
     @property
     def options(self) -> PoolOptions:
@@ -670,45 +641,23 @@ class KernelPool(_Front):
         self._call(self.aio.wait_ready, timeout)
 
     def acquire(self) -> KernelExecutor:
-        return _PortalExecutor(self._call(self.aio.acquire), self._portal)
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> KernelPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """A started executor, driven on the pool's loop (where its kernel lives)."""
+        executor = SyncExecutor.wrap(self._call(self.aio.acquire), portal=self._portal)
+        assert isinstance(executor, KernelExecutor)
+        return executor
 
 
-class SessionManager(_Front):
+class SessionManager(SyncFront[AsyncSessionManager]):
     """Synchronous session manager, safe to call from many threads at once.
 
     Takes the same arguments as ``AsyncSessionManager``; a ``KernelPool`` may be given as
     ``pool=`` (its async core is used, on the pool's own event-loop thread).
     """
 
-    def __init__(
-        self,
-        executor_factory: ExecutorFactory | None = None,
-        *,
-        pool: KernelPool | None = None,
-        options: SessionOptions | None = None,
-        **executor_options: Any,
-    ) -> None:
+    def __init__(self, *args: Any, pool: KernelPool | None = None, **kwargs: Any) -> None:
         # A pool's kernels live on its event loop, so the sessions share that loop.
-        super().__init__("kernelexec-sessions", None if pool is None else pool._portal)
-        self.aio = AsyncSessionManager(
-            executor_factory,
-            pool=None if pool is None else pool.aio,
-            options=options,
-            **executor_options,
-        )
-        owned = pool is None
-        self._finalizer = weakref.finalize(
-            self, _stop if owned else _close_only, self._portal, self.aio.close
-        )
+        core = AsyncSessionManager(*args, pool=None if pool is None else pool.aio, **kwargs)
+        super().__init__(core, portal=None if pool is None else pool._portal)
 
     @property
     def options(self) -> SessionOptions:
@@ -747,24 +696,3 @@ class SessionManager(_Front):
 
     def cull_idle(self) -> list[str]:
         return self._call(self.aio.cull_idle)
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> SessionManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _stop(portal: Portal, close: Callable[[], Awaitable[None]]) -> None:
-    try:
-        _close_only(portal, close)
-    finally:
-        portal.stop()
-
-
-def _close_only(portal: Portal, close: Callable[[], Awaitable[None]]) -> None:
-    if portal.running:
-        portal.call(close)

@@ -16,32 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
 from docker.utils.socket import STDERR, frames_iter
 
-from .._docker import (
-    WORKSPACE,
-    DockerOptions,
-    call,
-    check_image,
-    container_env,
-    container_kwargs,
-    force_remove,
-    image_missing_message,
-    labels_for,
-    make_client,
-    new_session_id,
-    prepare_host_dir,
-    translate_errors,
-)
-from .._errors import DockerUnavailable, ImageNotFound
+from .._errors import DockerUnavailable
+from ._docker import WORKSPACE, ContainerHandle, ContainerSpec, DockerOptions, merge_options
 from .base import ByteSink, CommandBackend, CommandOutcome
 
 # PID 1 of the container: reaps orphans, and exits on a SIGTERM from outside the container
@@ -118,15 +100,18 @@ class DockerCommand(CommandBackend):
         kill_grace: float = 0.2,
         **overrides: Any,
     ) -> None:
-        if image is not None:
-            overrides["image"] = image
-        self.options = replace(options or DockerOptions(), **overrides)
+        self._docker = ContainerHandle(merge_options(options, image, overrides), kind=self.kind)
+        self.session = self._docker.session
         self.fresh_container = fresh_container
         self.kill_grace = kill_grace
-        self.session = new_session_id()
-        self._client: docker.DockerClient | None = None
-        self._container: Any = None
-        self._work_dir: Path | None = None
+
+    @property
+    def options(self) -> DockerOptions:
+        return self._docker.options
+
+    @options.setter
+    def options(self, value: DockerOptions) -> None:
+        self._docker.options = value
 
     @property
     def workspace(self) -> str:
@@ -135,7 +120,7 @@ class DockerCommand(CommandBackend):
     @property
     def container(self) -> Any:
         """The long-lived container (a docker SDK ``Container``), or None."""
-        return self._container
+        return self._docker.container
 
     def supported_languages(self) -> Sequence[str]:
         return ("python", "shell")
@@ -148,12 +133,9 @@ class DockerCommand(CommandBackend):
         return None
 
     async def start(self, work_dir: Path) -> None:
-        self._work_dir = work_dir
-        self._client = await asyncio.to_thread(make_client, self.options)
-        await asyncio.to_thread(check_image, self._client, self.options.image)
-        await asyncio.to_thread(prepare_host_dir, work_dir, self.options)
+        await self._docker.prepare(work_dir)
         if not self.fresh_container:
-            self._container = await asyncio.to_thread(self._create)
+            await self._docker.start(self._spec())
 
     async def run(
         self,
@@ -170,74 +152,42 @@ class DockerCommand(CommandBackend):
             return await self._exec(container, argv, env, timeout, on_stdout, on_stderr)
         finally:
             if self.fresh_container:
-                await asyncio.to_thread(call, "removing the container", force_remove, container)
+                await self._docker.remove(container)
 
     async def restart(self) -> None:
-        if self._container is not None:
-            old, self._container = self._container, None
-            await asyncio.to_thread(call, "removing the container", force_remove, old)
-            self._container = await asyncio.to_thread(self._create)
+        if self._docker.container is not None:
+            await self._docker.remove()
+            await self._docker.start(self._spec())
 
     async def close(self) -> None:
-        container, self._container = self._container, None
-        client, self._client = self._client, None
         try:
-            if container is not None:
-                # Best effort: with the engine gone this fails fast, and `kernelexec gc` (which
-                # finds the container by its labels) removes it later.
-                with contextlib.suppress(DockerUnavailable):
-                    await asyncio.to_thread(call, "removing the container", force_remove, container)
+            await self._docker.remove(best_effort=True)
         finally:
-            if client is not None:
-                client.close()
+            self._docker.close()
 
     # -- internals ----------------------------------------------------------------------------
-    def _create(self) -> Any:
-        """Create and start a container (blocking; runs in a worker thread)."""
-        assert self._client is not None and self._work_dir is not None
-        opts = self.options
-        kwargs = container_kwargs(opts, labels=labels_for(self.kind, self.session, opts))
-        kwargs.pop("detach", None)
-        volumes = dict(kwargs.pop("volumes", None) or {})
-        volumes[str(self._work_dir)] = {"bind": WORKSPACE, "mode": "rw"}
-        memory = {"KERNELEXEC_MEMORY": opts.memory or "none"}
-        with translate_errors("creating a container"):
-            try:
-                container = self._client.containers.create(
-                    opts.image,
-                    command=["python3", "-c", _MAIN],
-                    volumes=volumes,
-                    environment=container_env(opts, memory),
-                    init=False,  # the main process is its own init (see _MAIN)
-                    **kwargs,
-                )
-            except docker.errors.ImageNotFound as exc:
-                raise ImageNotFound(image_missing_message(opts.image)) from exc
-            try:
-                container.start()
-            except BaseException:
-                force_remove(container)
-                raise
-        return container
+    def _memory_env(self) -> dict[str, str]:
+        return {"KERNELEXEC_MEMORY": self.options.memory or "none"}
+
+    def _spec(self) -> ContainerSpec:
+        return ContainerSpec(
+            command=["python3", "-c", _MAIN],
+            init=False,  # the main process is its own init (see _MAIN)
+            environment=self._memory_env(),
+        )
 
     async def _container_for_block(self) -> Any:
         if self.fresh_container:
-            return await asyncio.to_thread(self._create)
-        container = self._container
+            return await self._docker.create(self._spec())
+        container = self._docker.container
         if container is None:
             raise DockerUnavailable("the Docker command back end is not started")
-        await asyncio.to_thread(call, "inspecting the container", container.reload)
+        await self._docker.call("inspecting the container", container.reload)
         if container.status != "running":
             # Stopped or killed from outside (or its main process died): nothing of value
             # lived in it, so a fresh container takes over.
-            await asyncio.to_thread(call, "removing the container", force_remove, container)
-            container = self._container = await asyncio.to_thread(self._create)
+            container = await self._docker.start(self._spec())
         return container
-
-    def _exec_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        # The executor hands over only its own variables (inherits_host_env is False).
-        memory = {"KERNELEXEC_MEMORY": self.options.memory or "none"}
-        return container_env(self.options, {**env, **memory})
 
     async def _exec(
         self,
@@ -248,10 +198,10 @@ class DockerCommand(CommandBackend):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
-        assert self._client is not None
-        api = self._client.api
-        exec_id, sock = await asyncio.to_thread(
-            call, "docker exec", _exec_start, api, container.id, argv, self._exec_env(env)
+        # The executor hands over only its own variables (inherits_host_env is False).
+        wrapped = ["sh", "-c", _WRAPPER, "kernelexec-block", *argv]
+        exec_id, sock = await self._docker.exec_stream(
+            container, wrapped, {**env, **self._memory_env()}
         )
         loop = asyncio.get_running_loop()
         sinks = _Sinks(on_stdout, on_stderr)
@@ -273,60 +223,18 @@ class DockerCommand(CommandBackend):
             # The reader thread ends once the socket is shut; its frames are delivered by then.
             await asyncio.gather(reader, return_exceptions=True)
         sinks.raise_error()
-        return CommandOutcome(exit_code=await asyncio.to_thread(_exit_code, api, exec_id))
+        return CommandOutcome(exit_code=await self._docker.exec_exit_code(exec_id))
 
     async def _reap(self, container: Any) -> None:
         """Kill every process the block left in the container; replace it if that fails."""
-        assert self._client is not None
-        script = _REAPER.format(grace=self.kill_grace)
         try:
-            code = await asyncio.to_thread(_run_quiet, self._client.api, container.id, script)
+            code = await self._docker.exec_quiet(container, _REAPER.format(grace=self.kill_grace))
         except DockerUnavailable:
             code = -1
         if code != 0 and not self.fresh_container:
             # Could not even start the reaper (e.g. the pids limit is exhausted by a fork
             # bomb) or processes kept appearing: a new container is the sure way out.
-            await asyncio.to_thread(call, "removing the container", force_remove, container)
-            self._container = await asyncio.to_thread(self._create)
-
-
-def _exec_start(
-    api: docker.APIClient, container_id: str, argv: Sequence[str], env: Mapping[str, str]
-) -> tuple[str, Any]:
-    created = api.exec_create(
-        container_id,
-        ["sh", "-c", _WRAPPER, "kernelexec-block", *argv],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        environment=dict(env),
-        workdir=WORKSPACE,
-    )
-    exec_id = created["Id"]
-    return exec_id, api.exec_start(exec_id, socket=True)
-
-
-def _exit_code(api: docker.APIClient, exec_id: str) -> int:
-    """The exec's exit status, once the engine has recorded it."""
-    for _ in range(20):
-        info = call("docker exec", api.exec_inspect, exec_id)
-        if not info.get("Running") and info.get("ExitCode") is not None:
-            return int(info["ExitCode"])
-        time.sleep(0.05)
-    raise DockerUnavailable(
-        "the Docker engine ended the exec's output stream but says the block is still running"
-    )
-
-
-def _run_quiet(api: docker.APIClient, container_id: str, script: str) -> int:
-    """Run a shell script in the container and return its exit status."""
-    with translate_errors("docker exec"):
-        exec_id = api.exec_create(container_id, ["sh", "-c", script], stdout=True, stderr=True)[
-            "Id"
-        ]
-        api.exec_start(exec_id)
-        code = api.exec_inspect(exec_id).get("ExitCode")
-    return -1 if code is None else int(code)
+            await self._docker.start(self._spec())
 
 
 class _Sinks:

@@ -21,32 +21,22 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from .._docker import (
+from .._errors import KernelStartFailed
+from ._docker import (
     LABEL_RUNTIME_DIR,
     RUNTIME_DIR_PREFIX,
     WORKSPACE,
+    ContainerHandle,
+    ContainerSpec,
     DockerOptions,
-    call,
-    check_image,
-    container_env,
-    container_kwargs,
-    force_remove,
-    image_missing_message,
-    labels_for,
-    make_client,
-    new_session_id,
+    merge_options,
     prepare_host_dir,
-    translate_errors,
 )
-from .._errors import DockerUnavailable, ImageNotFound, KernelStartFailed
 from .base import KernelBackend, KernelClientLike
 
 RUNTIME = "/run/kernelexec"
@@ -69,17 +59,20 @@ class DockerKernel(KernelBackend):
     def __init__(
         self, *, image: str | None = None, options: DockerOptions | None = None, **overrides: Any
     ) -> None:
-        if image is not None:
-            overrides["image"] = image
-        self.options = replace(options or DockerOptions(), **overrides)
-        self.session = new_session_id()
-        self._docker: docker.DockerClient | None = None
-        self._container: Any = None
+        self._docker = ContainerHandle(merge_options(options, image, overrides), kind=self.kind)
+        self.session = self._docker.session
         self._client: AsyncKernelClient | None = None
         self._runtime: Path | None = None
-        self._work_dir: Path | None = None
         self._env: dict[str, str] = {}
         self._death: str | None = None
+
+    @property
+    def options(self) -> DockerOptions:
+        return self._docker.options
+
+    @options.setter
+    def options(self, value: DockerOptions) -> None:
+        self._docker.options = value
 
     @property
     def workspace(self) -> str:
@@ -88,7 +81,7 @@ class DockerKernel(KernelBackend):
     @property
     def container(self) -> Any:
         """The current container (a docker SDK ``Container``), or None."""
-        return self._container
+        return self._docker.container
 
     @property
     def runtime_dir(self) -> Path | None:
@@ -102,27 +95,24 @@ class DockerKernel(KernelBackend):
         return self._client
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
-        self._work_dir = work_dir
         self._env = dict(env)  # only the executor's own variables (inherits_host_env is False)
-        if self._docker is None:
-            self._docker = await asyncio.to_thread(make_client, self.options)
-        await asyncio.to_thread(check_image, self._docker, self.options.image)
-        await asyncio.to_thread(prepare_host_dir, work_dir, self.options)
+        await self._docker.prepare(work_dir)
         await self._launch(timeout)
 
     async def interrupt(self) -> None:
-        if self._container is not None:
-            await asyncio.to_thread(call, "interrupting", self._container.kill, signal="SIGINT")
+        container = self._docker.container
+        if container is not None:
+            await self._docker.call("interrupting", container.kill, signal="SIGINT")
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop_kernel()
         await self._launch(timeout)
 
     async def is_alive(self) -> bool:
-        container = self._container
+        container = self._docker.container
         if container is None:
             return False
-        await asyncio.to_thread(call, "inspecting the kernel container", container.reload)
+        await self._docker.call("inspecting the kernel container", container.reload)
         if container.status == "running":
             return True
         state = container.attrs.get("State", {})
@@ -139,9 +129,7 @@ class DockerKernel(KernelBackend):
         try:
             await self._stop_kernel()
         finally:
-            client, self._docker = self._docker, None
-            if client is not None:
-                client.close()
+            self._docker.close()
 
     # -- internals ----------------------------------------------------------------------------
     async def _launch(self, timeout: float) -> None:
@@ -152,8 +140,8 @@ class DockerKernel(KernelBackend):
         info = _connection_info(network=self.options.network)
         _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
         try:
-            self._container = await asyncio.to_thread(self._create)
-            host_info = await asyncio.to_thread(self._host_view, info)
+            await self._docker.start(self._spec())
+            host_info = await self._host_view(info)
             self._client = AsyncKernelClient()
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
             self._client.start_channels(hb=False)
@@ -167,13 +155,13 @@ class DockerKernel(KernelBackend):
             return {**info, "ip": "0.0.0.0", **_CONTAINER_PORTS}
         return {**info, "ip": f"{RUNTIME}/kernel"}
 
-    def _host_view(self, info: dict[str, Any]) -> dict[str, Any]:
+    async def _host_view(self, info: dict[str, Any]) -> dict[str, Any]:
         """The host's connection info: the mount's host path, or the published ports."""
         assert self._runtime is not None
         if not self.options.network:
             return {**info, "ip": str(self._runtime / "kernel")}
-        container = self._container
-        call("inspecting the kernel container", container.reload)
+        container = self._docker.container
+        await self._docker.call("inspecting the kernel container", container.reload)
         ports = {}
         for name, port in _CONTAINER_PORTS.items():
             bound = (container.ports.get(f"{port}/tcp") or [{}])[0].get("HostPort")
@@ -182,39 +170,22 @@ class DockerKernel(KernelBackend):
             ports[name] = int(bound)
         return {**info, "ip": "127.0.0.1", **ports}
 
-    def _create(self) -> Any:
-        """Create and start the kernel's container (blocking; runs in a worker thread)."""
-        assert self._docker is not None and self._work_dir is not None
-        opts = self.options
-        labels = labels_for(
-            self.kind, self.session, opts, **{LABEL_RUNTIME_DIR: str(self._runtime)}
+    def _spec(self) -> ContainerSpec:
+        """The kernel's container: ipykernel on the connection file in the runtime folder."""
+        assert self._runtime is not None
+        run_kwargs: dict[str, Any] = {}
+        if self.options.network:
+            ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
+            run_kwargs["ports"] = ports
+        return ContainerSpec(
+            command=["python3", "-m", "ipykernel_launcher", "-f", f"{RUNTIME}/kernel.json"],
+            init=True,
+            mounts={self._runtime: RUNTIME},
+            environment=self._env,
+            labels={LABEL_RUNTIME_DIR: str(self._runtime)},
+            run_kwargs=run_kwargs,
+            what="creating the kernel container",
         )
-        kwargs = container_kwargs(opts, labels=labels)
-        kwargs.pop("detach", None)
-        volumes = dict(kwargs.pop("volumes", None) or {})
-        volumes[str(self._work_dir)] = {"bind": WORKSPACE, "mode": "rw"}
-        volumes[str(self._runtime)] = {"bind": RUNTIME, "mode": "rw"}
-        if opts.network:
-            kwargs["ports"] = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
-        command = ["python3", "-m", "ipykernel_launcher", "-f", f"{RUNTIME}/kernel.json"]
-        with translate_errors("creating the kernel container"):
-            try:
-                container = self._docker.containers.create(
-                    opts.image,
-                    command=command,
-                    volumes=volumes,
-                    environment=container_env(opts, self._env),
-                    init=True,
-                    **kwargs,
-                )
-            except docker.errors.ImageNotFound as exc:
-                raise ImageNotFound(image_missing_message(opts.image)) from exc
-            try:
-                container.start()
-            except BaseException:
-                force_remove(container)
-                raise
-        return container
 
     async def _wait_ready(self, deadline: float) -> None:
         """Until the kernel answers kernel_info on shell and we hear it on iopub."""
@@ -241,22 +212,20 @@ class DockerKernel(KernelBackend):
 
     def _logs(self) -> str:
         with contextlib.suppress(Exception):
-            raw = self._container.logs(tail=20)
+            raw = self._docker.container.logs(tail=20)
             return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         return "(no logs)"
 
     async def _stop_kernel(self) -> None:
         client, self._client = self._client, None
-        container, self._container = self._container, None
+        container, self._docker.container = self._docker.container, None
         runtime, self._runtime = self._runtime, None
         try:
             if client is not None:
                 client.stop_channels()
             if container is not None:
-                # Best effort: with the engine gone this fails fast, and `kernelexec gc` (which
-                # finds the container by its labels) removes it later.
-                with contextlib.suppress(DockerUnavailable):
-                    await asyncio.to_thread(call, "removing the container", force_remove, container)
+                # Best effort: with the engine gone this fails fast (`kernelexec gc` removes it).
+                await self._docker.remove(container, best_effort=True)
         finally:
             if runtime is not None:
                 shutil.rmtree(runtime, ignore_errors=True)

@@ -1,27 +1,32 @@
-"""The ``kernelexec bench`` sub-command (registered by ``kernelexec.cli``)."""
+"""The ``kernelexec bench`` sub-command (registered by ``kernelexec.cli``).
+
+Start-up time: importing this module loads argparse, and building the parser (``kernelexec
+--help``, ``kernelexec bench --help``) reads only the names the options list (``names``): no
+rich, matplotlib, jupyter_client, Docker SDK or nbformat. ``cmd_bench`` imports what the run
+needs, after checking that the ``bench`` extra is installed.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from pathlib import Path
 
-from .executors import DEFAULT_IMAGE, EXECUTOR_NAMES, GROUPS, select_specs
-from .output import write_outputs
-from .report import JSON_NAME, print_tables, to_json, write_json
-from .runner import BenchConfig, BenchResults, run_benchmarks
-from .workloads import WORKLOAD_NAMES, build_workloads
+    from .runner import BenchConfig, BenchResults
 
 EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2
+#: the bench's own dependencies beyond kernelexec's: the ``bench`` extra
+EXTRA_MODULES = ("rich", "matplotlib")
+INSTALL_HINT = 'pip install "kernelexec[bench]"'
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .names import DEFAULT_IMAGE, EXECUTOR_NAMES, GROUPS, WORKLOAD_NAMES
+
     bench = sub.add_parser(
         "bench",
         help="benchmark stateless vs stateful executors beside their floors",
@@ -57,8 +62,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.set_defaults(func=cmd_bench)
 
 
+def missing_extra() -> list[str]:
+    """The modules of the ``bench`` extra that cannot be imported here."""
+    import importlib
+
+    missing: list[str] = []
+    for name in EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Validate names up front, so a typo fails before anything starts."""
+    from .executors import select_specs
+    from .runner import BenchConfig
+    from .workloads import build_workloads
+
     workloads = tuple(args.workloads)
     build_workloads(workloads, quick=True)  # raises ValueError listing the valid names
     executors = tuple(args.executors) if args.executors else None
@@ -77,11 +99,27 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    missing = missing_extra()
+    if missing:
+        print(
+            f"kernelexec bench: {' and '.join(missing)} not installed; run: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import json
+    import shlex
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from .output import write_outputs
+    from .report import print_tables, to_json
+
     try:
         config = config_from_args(args)
     except ValueError as exc:
         print(f"kernelexec bench: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "kernelexec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None
@@ -99,6 +137,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _run_with_progress(config: BenchConfig, out: Path, *, show: bool) -> BenchResults:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .report import JSON_NAME, write_json
+    from .runner import run_benchmarks
+
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

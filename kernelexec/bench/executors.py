@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .names import DEFAULT_IMAGE as DEFAULT_IMAGE
+from .names import EXECUTOR_NAMES as EXECUTOR_NAMES
+from .names import GROUPS as GROUPS
 from .sessions import (
     Ag2Session,
     AutogenSession,
@@ -35,8 +38,6 @@ from .sessions import (
     block_env,
     wait_for_idle,
 )
-
-DEFAULT_IMAGE = "kernelexec/python:latest"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,42 +142,31 @@ def _never(ctx: BenchContext) -> str | None:
 # -- openers ----------------------------------------------------------------------------------
 
 
-def _open_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
-    from .._command import CommandLineExecutor
+def _registry_row(
+    name: str, options: Callable[[BenchContext], dict[str, Any]] | None = None
+) -> Opener:
+    """Open kernelexec's executor ``name`` from the registry, as ``--executor name`` builds it."""
 
-    return KernelexecSession(
-        CommandLineExecutor(python=ctx.python, work_dir=work, timeout=ctx.timeout)
-    )
+    def open_session(ctx: BenchContext, work: Path, shared: Any) -> Session:
+        from .. import make_executor
 
+        extra = options(ctx) if options is not None else {}
+        return KernelexecSession(make_executor(name, work_dir=work, timeout=ctx.timeout, **extra))
 
-def _open_kernel(ctx: BenchContext, work: Path, shared: Any) -> Session:
-    cls, reason = _import("kernelexec._kernel", "KernelExecutor")
-    assert reason is None, reason
-    return KernelexecSession(cls(work_dir=work, timeout=ctx.timeout))
-
-
-def _open_docker_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
-    from .._command import CommandLineExecutor
-
-    backend_cls, reason = _import("kernelexec.backends.docker_command", "DockerCommand")
-    assert reason is None, reason
-    return KernelexecSession(
-        CommandLineExecutor(backend_cls(image=ctx.image), work_dir=work, timeout=ctx.timeout)
-    )
+    return open_session
 
 
-def _open_docker_kernel(ctx: BenchContext, work: Path, shared: Any) -> Session:
-    cls, reason = _import("kernelexec._kernel", "KernelExecutor")
-    backend_cls, reason2 = _import("kernelexec.backends.docker_kernel", "DockerKernel")
-    assert reason is None and reason2 is None, reason or reason2
-    return KernelexecSession(
-        cls(backend=backend_cls(image=ctx.image), work_dir=work, timeout=ctx.timeout)
-    )
+def _python(ctx: BenchContext) -> dict[str, Any]:
+    return {"python": ctx.python}
+
+
+def _image(ctx: BenchContext) -> dict[str, Any]:
+    return {"image": ctx.image}
 
 
 @contextmanager
 def _pool(ctx: BenchContext) -> Iterator[Any]:
-    from ..pool import KernelPool, PoolOptions
+    from .. import KernelPool, PoolOptions
 
     pool = KernelPool(options=PoolOptions(min_size=1, max_size=2), timeout=ctx.timeout)
     try:
@@ -345,7 +335,7 @@ SPECS: tuple[ExecutorSpec, ...] = (
         group="kernelexec",
         stateful=False,
         check=_never,
-        open=_open_command,
+        open=_registry_row("command", _python),
         floor="subprocess",
     ),
     ExecutorSpec(
@@ -353,8 +343,8 @@ SPECS: tuple[ExecutorSpec, ...] = (
         label="kernelexec kernel",
         group="kernelexec",
         stateful=True,
-        check=_needs("kernelexec._kernel", "KernelExecutor"),
-        open=_open_kernel,
+        check=_needs("kernelexec", "KernelExecutor"),
+        open=_registry_row("kernel"),
         floor="jupyter-client",
     ),
     ExecutorSpec(
@@ -364,8 +354,8 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=False,
         docker=True,
         floor="docker-exec",
-        open=_open_docker_command,
-        check=_all(_needs("kernelexec.backends.docker_command", "DockerCommand"), _docker_check),
+        open=_registry_row("docker-command", _image),
+        check=_all(_needs("kernelexec", "DockerCommand"), _docker_check),
     ),
     ExecutorSpec(
         name="docker-kernel",
@@ -374,10 +364,10 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=True,
         docker=True,
         floor="kernel",
-        open=_open_docker_kernel,
+        open=_registry_row("docker-kernel", _image),
         check=_all(
-            _needs("kernelexec._kernel", "KernelExecutor"),
-            _needs("kernelexec.backends.docker_kernel", "DockerKernel"),
+            _needs("kernelexec", "KernelExecutor"),
+            _needs("kernelexec", "DockerKernel"),
             _docker_check,
         ),
     ),
@@ -386,7 +376,7 @@ SPECS: tuple[ExecutorSpec, ...] = (
         label="kernelexec pooled kernel",
         group="kernelexec",
         stateful=True,
-        check=_needs("kernelexec.pool", "KernelPool"),
+        check=_needs("kernelexec", "KernelPool"),
         open=_open_pool,
         shared=_pool,
         floor="kernel",
@@ -430,9 +420,6 @@ SPECS: tuple[ExecutorSpec, ...] = (
         check=_needs("autogen_ext.code_executors.jupyter", "JupyterCodeExecutor"),
     ),
 )
-
-EXECUTOR_NAMES = tuple(s.name for s in SPECS)
-GROUPS = {"floors": "floor", "kernelexec": "kernelexec", "peers": "peer"}
 
 
 def spec_named(name: str) -> ExecutorSpec:

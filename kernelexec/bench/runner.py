@@ -23,18 +23,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._version import __version__
+from .. import __version__
 from .executors import (
-    DEFAULT_IMAGE,
     BenchContext,
     ExecutorSpec,
     missing_modules,
     select_specs,
 )
 from .memory import PeakSampler, descendants
+from .names import DEFAULT_IMAGE, WORKLOAD_NAMES
 from .sessions import Session
 from .stats import Summary, summarize
-from .workloads import WORKLOAD_NAMES, Block, Workload, build_workloads, generate_csv, place_data
+from .workloads import Block, Workload, build_workloads, generate_csv, place_data
 
 PROBE = "print(1)"  # the first block of every session: start to first result
 

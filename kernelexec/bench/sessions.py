@@ -144,7 +144,7 @@ def docker_limits() -> list[str]:
     The floor runs under the same limits (notably the CPU quota), so a ratio measures the
     executor's overhead rather than a difference in limits.
     """
-    from .._docker import DockerOptions
+    from .. import DockerOptions
 
     opts = DockerOptions()
     flags = ["--user", opts.resolved_user()]

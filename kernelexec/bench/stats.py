@@ -1,17 +1,22 @@
 """Summaries of timing samples and the ratios the benchmark publishes.
 
 Pure functions over numbers (no processes), so the report logic is unit-tested with fixed inputs.
-Percentiles use linear interpolation between closest ranks (numpy's default), so a p50 of an
-even-length sample is the mean of the two middle values.
+Percentiles are ``statistics.quantiles(..., method="inclusive")``: linear interpolation between
+closest ranks (numpy's default), so a p50 of an even-length sample is the mean of the two middle
+values.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
+
+# ``percentile``'s q is taken to 1/100 of a percent: quantiles() cuts the sample into at most
+# this many equal parts.
+_MAX_PARTS = 10_000
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -20,13 +25,13 @@ def percentile(values: Sequence[float], q: float) -> float:
         raise ValueError("percentile of an empty sample")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be within 0..100, got {q}")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = math.ceil(position)
-    if low == high:
-        return ordered[low]
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    share = (Fraction(q) / 100).limit_denominator(_MAX_PARTS)
+    if share == 0:
+        return min(values)
+    if share == 1 or len(values) == 1:  # quantiles() wants two points before Python 3.13
+        return max(values)
+    cuts = statistics.quantiles(values, n=share.denominator, method="inclusive")
+    return cuts[share.numerator - 1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,11 +51,17 @@ class Summary:
     def of(cls, values: Sequence[float]) -> Summary:
         if not values:
             raise ValueError("summary of an empty sample")
+        # p10, p20, ..., p90 in one pass (a single value is every percentile of itself)
+        deciles = (
+            statistics.quantiles(values, n=10, method="inclusive")
+            if len(values) > 1
+            else [values[0]] * 9
+        )
         return cls(
             n=len(values),
-            p10=percentile(values, 10),
-            p50=percentile(values, 50),
-            p90=percentile(values, 90),
+            p10=deciles[0],
+            p50=deciles[4],
+            p90=deciles[8],
             max=max(values),
             min=min(values),
             mean=statistics.fmean(values),

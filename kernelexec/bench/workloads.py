@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .names import WORKLOAD_NAMES as WORKLOAD_NAMES
+
 DATA_FILE = "bench-data.csv"
 DEFAULT_ROWS = 1_000_000
 QUICK_ROWS = 20_000
@@ -179,9 +181,6 @@ def plots(quick: bool) -> Workload:
         stateful=stateful,
         needs=("numpy", "matplotlib"),
     )
-
-
-WORKLOAD_NAMES = ("trivial", "imports", "analysis", "plots")
 
 
 def build_workloads(

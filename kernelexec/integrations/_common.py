@@ -1,14 +1,17 @@
-"""What the framework adapters share: building an executor by name, and a clear ImportError."""
+"""What the framework adapters share: a clear ImportError when a framework is missing.
+
+Executors are built by name through the registry (``kernelexec._registry``): an adapter's
+``kind=`` takes every registered name (``kernel``, ``command``, ``docker-kernel``, ...).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .._executor import AsyncExecutor, SyncExecutor
+from .._registry import EXECUTOR_NAMES, make_async_executor, make_executor
 
 #: executor names the adapters accept for ``kind=``
-KINDS = ("kernel", "command")
+KINDS = EXECUTOR_NAMES
+
+__all__ = ["KINDS", "make_async_executor", "make_executor", "missing_framework"]
 
 
 def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:
@@ -19,29 +22,3 @@ def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:
     )
     error.__cause__ = exc
     return error
-
-
-def make_async_executor(kind: str, **options: Any) -> AsyncExecutor:
-    """An async executor: ``"kernel"`` (stateful) or ``"command"`` (a process per block)."""
-    if kind == "command":
-        from .._command import AsyncCommandLineExecutor
-
-        return AsyncCommandLineExecutor(**options)
-    if kind == "kernel":
-        from .._kernel import AsyncKernelExecutor
-
-        return AsyncKernelExecutor(**options)
-    raise ValueError(f"unknown executor kind {kind!r} (valid: {', '.join(KINDS)})")
-
-
-def make_sync_executor(kind: str, **options: Any) -> SyncExecutor[Any]:
-    """The synchronous twin of ``make_async_executor``."""
-    if kind == "command":
-        from .._command import CommandLineExecutor
-
-        return CommandLineExecutor(**options)
-    if kind == "kernel":
-        from .._kernel import KernelExecutor
-
-        return KernelExecutor(**options)
-    raise ValueError(f"unknown executor kind {kind!r} (valid: {', '.join(KINDS)})")

@@ -25,7 +25,7 @@ from typing import Any
 from .._executor import SyncExecutor
 from .._extract import MarkdownCodeExtractor
 from .._types import ExecutionResult
-from ._common import make_sync_executor, missing_framework
+from ._common import make_executor, missing_framework
 
 try:
     from autogen.coding.base import CodeBlock, CodeResult
@@ -84,7 +84,7 @@ class AG2CodeExecutor:
         if executor is not None and options:
             raise ValueError("give either an executor or executor options, not both")
         self._owned = executor is None
-        self.executor: SyncExecutor[Any] = executor or make_sync_executor(kind, **options)
+        self.executor: SyncExecutor[Any] = executor or make_executor(kind, **options)
         self._extractor = AG2CodeExtractor(self.executor.code_extractor)
 
     @property

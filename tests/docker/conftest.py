@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from kernelexec._docker import DEFAULT_IMAGE, DockerOptions, make_client
 from kernelexec._errors import DockerUnavailable
+from kernelexec.backends._docker import DEFAULT_IMAGE, DockerOptions, make_client
 
 
 def _unavailable(reason: str) -> None:

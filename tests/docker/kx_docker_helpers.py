@@ -12,7 +12,7 @@ from typing import Any
 
 import docker
 
-from kernelexec._docker import LABEL_SESSION
+from kernelexec.backends._docker import LABEL_SESSION
 
 
 def containers_of(client: docker.DockerClient, session: str) -> list[Any]:

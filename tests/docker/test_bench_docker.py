@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -19,9 +20,13 @@ def _bench(*args: str) -> list[str]:
 
 
 def _ours(client: docker.DockerClient, pid: int) -> list[str]:
-    """Containers the bench process ``pid`` created: kernelexec's own and the raw floors'."""
-    found = client.containers.list(all=True, filters={"label": f"kernelexec.owner_pid={pid}"})
-    found += client.containers.list(all=True, filters={"label": f"kernelexec.bench.owner={pid}"})
+    """Containers the bench process ``pid`` created: kernelexec's own and the raw floors'.
+
+    ``ignore_removed``: the bench removes containers while we list them (the SDK inspects each).
+    """
+    found: list[Any] = []
+    for label in (f"kernelexec.owner_pid={pid}", f"kernelexec.bench.owner={pid}"):
+        found += client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
     return [c.short_id for c in found]
 
 

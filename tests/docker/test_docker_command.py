@@ -20,7 +20,7 @@ from kernelexec import (
     DockerUnavailable,
     ExecutionResult,
 )
-from kernelexec._docker import UNPRIVILEGED_USER
+from kernelexec.backends._docker import UNPRIVILEGED_USER
 
 MAIN_MARK = "import os, signal, sys"  # in PID 1's command line (DockerCommand's _MAIN)
 

@@ -14,7 +14,8 @@ import docker
 import pytest
 
 from kernelexec import DockerCommand, DockerKernel, DockerUnavailable, ImageNotFound
-from kernelexec._docker import (
+from kernelexec._image import LABEL_RECIPE, recipe_hash
+from kernelexec.backends._docker import (
     DEFAULT_IMAGE,
     LABEL_HOST,
     LABEL_OWNER_PID,
@@ -24,7 +25,6 @@ from kernelexec._docker import (
     gc,
     labels_for,
 )
-from kernelexec._image import LABEL_RECIPE, recipe_hash
 from kernelexec.cli import main
 
 MISSING_SOCKET = "unix:///nonexistent/kernelexec-test/docker.sock"

@@ -13,7 +13,7 @@ from kx_docker_helpers import containers_of
 from nbformat.v4 import new_code_cell, new_notebook
 
 from kernelexec import KernelExecutor, run_notebook
-from kernelexec._notebook import META_KEY
+from kernelexec._session import META_KEY
 from kernelexec.backends.docker_kernel import DockerKernel
 
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import io
 import json
 import queue
 import threading
@@ -18,18 +19,17 @@ from typing import Any, ClassVar
 
 import pytest
 from gateway_servers import Gateway, free_port
+from tornado.httpclient import HTTPClientError, HTTPRequest, HTTPResponse
+from tornado.websocket import WebSocketClosedError
 
 from kernelexec import GatewayAuthError, GatewayUnavailable
-from kernelexec.backends.gateway_kernel import (
-    GatewayClient,
-    GatewayKernel,
-    GatewayOptions,
-    _NotFound,
-)
+from kernelexec.backends._gateway_channels import GatewayChannels
+from kernelexec.backends._gateway_errors import NotFound, translate_errors
+from kernelexec.backends.gateway_kernel import GatewayKernel, GatewayOptions
 
 
 async def collect_until_idle(
-    client: GatewayClient, msg_id: str, timeout: float
+    client: GatewayChannels, msg_id: str, timeout: float
 ) -> list[dict[str, Any]]:
     """The iopub messages of one request, up to its idle status."""
     got: list[dict[str, Any]] = []
@@ -259,7 +259,7 @@ def test_restart_refused_by_the_server_starts_a_new_kernel(
             kernel._call = refuse_restart  # type: ignore[method-assign]
             await kernel.restart(timeout=60)
             assert kernel.kernel_id is not None and kernel.kernel_id != old_id
-            with pytest.raises(_NotFound):  # the old kernel was deleted
+            with pytest.raises(NotFound):  # the old kernel was deleted
                 await real_call("GET", f"/api/kernels/{old_id}", None, retry=True)
             msg_id = kernel.client.execute("print('x' in dir(), __import__('os').getcwd())")
             out = stdout_of(await collect_until_idle(kernel.client, msg_id, 30))
@@ -268,3 +268,43 @@ def test_restart_refused_by_the_server_starts_a_new_kernel(
             await kernel.shutdown()
 
     asyncio.run(scenario())
+
+
+def _http_error(code: int, body: bytes = b"") -> HTTPClientError:
+    request = HTTPRequest("http://gw/api/kernels")
+    response = HTTPResponse(request, code, buffer=io.BytesIO(body)) if code != 599 else None
+    return HTTPClientError(code, "Timeout" if code == 599 else None, response)
+
+
+_DOWN, _AUTH = GatewayUnavailable, GatewayAuthError
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "message"),
+    [
+        (_http_error(401, b"bad"), _AUTH, "gateway refused the request (401) POST u: bad"),
+        (_http_error(403), _AUTH, "gateway refused the request (403) POST u: "),
+        (_http_error(403, b"limit hit"), _DOWN, "gateway answered 403 to POST u: limit hit"),
+        (_http_error(404), NotFound, "not found on the gateway: POST u"),
+        (_http_error(500), _DOWN, "gateway answered 500 to POST u: Internal Server Error"),
+        (_http_error(599), _DOWN, "gateway did not answer POST u: Timeout"),
+        (ConnectionRefusedError(111, "refused"), _DOWN, "no way in: [Errno 111] refused"),
+        (WebSocketClosedError(), _DOWN, "the kernel's WebSocket is closed"),
+    ],
+)
+def test_tornado_errors_are_translated_in_one_place(
+    error: Exception, kind: type[GatewayUnavailable], message: str
+) -> None:
+    with (
+        pytest.raises(GatewayUnavailable) as info,
+        translate_errors("POST u", unreachable="no way in"),
+    ):
+        raise error
+    assert type(info.value) is kind
+    assert str(info.value) == message
+    assert info.value.__cause__ is error
+
+
+def test_other_errors_pass_through_translation() -> None:
+    with pytest.raises(KeyError), translate_errors("POST u", unreachable="no way in"):
+        raise KeyError("x")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import site
 import subprocess
 import sys
 import zipfile
@@ -38,13 +39,27 @@ def build_demo_wheel(folder: Path) -> Path:
 
 def make_venv(folder: Path) -> Path:
     """A throwaway venv that sees this environment's packages (ipykernel, pip) but installs
-    into itself, so the tests never change the main environment."""
+    into itself, so the tests never change the main environment.
+
+    Not ``--system-site-packages``: when the tests run in a venv, that flag shows the *base*
+    interpreter's packages, not this venv's. A ``.pth`` file adds this environment's site dirs
+    (processed as site dirs, so editable installs in them work too).
+    """
     subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(folder)],
-        check=True,
-        timeout=60,
+        [sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60
     )
-    return folder / "bin" / "python"
+    python = folder / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    parents = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    line = "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents)
+    (Path(purelib) / "_kernelexec_tests_parent.pth").write_text(line + "\n", encoding="utf-8")
+    return python
 
 
 FIB = """Let me compute it.

@@ -3,7 +3,6 @@ throwaway venv + local wheel the "missing module" flow installs from (no network
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,28 +11,15 @@ from typing import Any
 
 import pytest
 
-from kernelexec import CommandLineExecutor, SyncExecutor
+from kernelexec import SyncExecutor, make_executor
 
 from ._fixtures import build_demo_wheel, make_venv
 
-HAVE_KERNEL = importlib.util.find_spec("kernelexec._kernel") is not None
-
-KINDS = [
-    "command",
-    pytest.param(
-        "kernel",
-        marks=pytest.mark.skipif(not HAVE_KERNEL, reason="kernelexec._kernel is not built yet"),
-    ),
-]
+KINDS = ["command", "kernel"]
 
 
 def sync_executor(kind: str, **options: Any) -> SyncExecutor[Any]:
-    if kind == "kernel":
-        from kernelexec import KernelExecutor
-
-        executor: SyncExecutor[Any] = KernelExecutor(**options)
-        return executor
-    return CommandLineExecutor(**options)
+    return make_executor(kind, **options)
 
 
 @pytest.fixture(scope="module", params=KINDS)

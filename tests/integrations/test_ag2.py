@@ -18,7 +18,7 @@ from kernelexec import CommandLineExecutor
 from kernelexec.integrations.ag2 import AG2CodeExecutor, KernelExecCodeResult
 
 from . import _fixtures as flows
-from .conftest import HAVE_KERNEL, PipSetup, venv_executor
+from .conftest import PipSetup, venv_executor
 
 
 def ag2_chat(executor: Any, task: str, *replies: str) -> list[str]:
@@ -118,8 +118,6 @@ def test_message_without_code_does_not_crash_the_chat(adapter: AG2CodeExecutor) 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["command", "kernel"])
 def test_missing_module_then_pip_install(kind: str, pip_setup: PipSetup, tmp_path: Path) -> None:
-    if kind == "kernel" and not HAVE_KERNEL:
-        pytest.skip("kernelexec._kernel is not built yet")
     with venv_executor(kind, pip_setup, tmp_path / "work") as executor:
         heard = ag2_chat(
             AG2CodeExecutor(executor),

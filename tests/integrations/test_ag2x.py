@@ -23,11 +23,11 @@ from ag2.events import ToolCallEvent, ToolResultEvent
 from ag2.testing import TestConfig
 from ag2.tools.code import CodeEnvironment, SandboxCodeTool
 
-from kernelexec.integrations._common import make_async_executor
+from kernelexec import make_async_executor
 from kernelexec.integrations.ag2x import KernelCodeEnvironment
 
 from . import _fixtures as flows
-from .conftest import HAVE_KERNEL, KINDS, PipSetup
+from .conftest import KINDS, PipSetup
 
 T = TypeVar("T")
 
@@ -123,9 +123,6 @@ def test_bad_input(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_missing_module_then_pip_install(kind: str, pip_setup: PipSetup, tmp_path: Path) -> None:
-    if kind == "kernel" and not HAVE_KERNEL:
-        pytest.skip("kernelexec._kernel is not built yet")
-
     async def main() -> list[str]:
         core = make_async_executor(
             kind, python=pip_setup.python, env=pip_setup.env, work_dir=tmp_path, timeout=90

@@ -102,10 +102,6 @@ def test_state_across_turns(shared_executor: Any, kind: str) -> None:
 def test_missing_module_then_pip_install_from_local_wheel(
     kind: str, pip_setup: PipSetup, tmp_path: Path
 ) -> None:
-    from .conftest import HAVE_KERNEL
-
-    if kind == "kernel" and not HAVE_KERNEL:
-        pytest.skip("kernelexec._kernel is not built yet")
     model, _ = scripted(
         flows.IMPORT_DEMO, flows.install_demo(pip_setup.wheel), flows.IMPORT_DEMO, flows.DONE
     )

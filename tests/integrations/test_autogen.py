@@ -36,7 +36,7 @@ from kernelexec import AsyncCommandLineExecutor
 from kernelexec.integrations.autogen import KernelExecCodeExecutor, KernelExecCodeResult
 
 from . import _fixtures as flows
-from .conftest import HAVE_KERNEL, PipSetup
+from .conftest import PipSetup
 
 T = TypeVar("T")
 
@@ -239,11 +239,8 @@ def test_cancellation_interrupts_the_running_block(
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["command", "kernel"])
 def test_missing_module_then_pip_install(kind: str, pip_setup: PipSetup, tmp_path: Path) -> None:
-    if kind == "kernel" and not HAVE_KERNEL:
-        pytest.skip("kernelexec._kernel is not built yet")
-
     async def run() -> list[str]:
-        from kernelexec.integrations._common import make_async_executor
+        from kernelexec import make_async_executor
 
         core = make_async_executor(
             kind, python=pip_setup.python, env=pip_setup.env, work_dir=tmp_path, timeout=90

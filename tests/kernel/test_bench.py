@@ -28,6 +28,25 @@ def _bench(*args: str) -> list[str]:
     return [sys.executable, "-m", "kernelexec", "bench", "--no-progress", *args]
 
 
+HEAVY = ("rich", "matplotlib", "jupyter_client", "docker", "nbformat")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])
+def test_help_imports_none_of_the_heavy_modules(argv: list[str]) -> None:
+    """Building the parser (the bench's options included) loads no kernel client, SDK or extra."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "kernelexec", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: kernelexec" in proc.stdout
+    # -X importtime lines end with the module's dotted name
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench")

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -51,14 +52,38 @@ def test_dataframe_example_from_the_issue(ex: KernelExecutor) -> None:
     assert any(p.suffix == ".png" for p in r.files), r.files
 
 
+def interrupt_on_marker(ex: KernelExecutor, marker: str) -> threading.Thread:
+    """A thread that interrupts ``ex`` once its running block prints ``marker`` (no sleeps)."""
+    seen = threading.Event()
+
+    def watch(output: dict[str, Any]) -> None:
+        if output.get("output_type") == "stream" and marker in output.get("text", ""):
+            seen.set()
+
+    ex.aio.on_output = watch
+
+    def interrupt() -> None:
+        try:
+            if seen.wait(30):
+                ex.interrupt()
+        finally:
+            ex.aio.on_output = None
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    return thread
+
+
 def test_interrupt_stops_a_block_and_keeps_state(ex: KernelExecutor) -> None:
     ex.execute("kept = 'yes'")
-    timer = threading.Timer(1.0, ex.interrupt)
-    timer.start()
+    interrupter = interrupt_on_marker(ex, "looping")
     started = time.monotonic()
-    r = ex.execute("import time\nfor _ in range(600): time.sleep(0.1)")
-    timer.join()
-    assert time.monotonic() - started < 10
+    r = ex.execute(
+        "import time\nprint('looping', flush=True)\nfor _ in range(600): time.sleep(0.1)",
+        timeout=60,
+    )
+    interrupter.join()
+    assert time.monotonic() - started < 30
     assert r.exit_code == 1 and r.error is not None and r.error.ename == "KeyboardInterrupt"
     assert ex.execute("print(kept)").output == "yes\n"
 

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,9 +221,16 @@ def test_close_leaves_no_process_thread_or_socket(tmp_path: Path) -> None:
 
 def test_async_context_manager_and_interrupt(tmp_path: Path) -> None:
     async def main() -> None:
-        async with AsyncKernelExecutor(work_dir=tmp_path, timeout=30) as ex:
-            ex_task = asyncio.ensure_future(ex.execute("import time; time.sleep(30)"))
-            await asyncio.sleep(1.0)
+        running = asyncio.Event()
+
+        def watch(output: dict[str, Any]) -> None:
+            if "sleeping" in output.get("text", ""):
+                running.set()
+
+        async with AsyncKernelExecutor(work_dir=tmp_path, timeout=30, on_output=watch) as ex:
+            code = "import time; print('sleeping', flush=True); time.sleep(30)"
+            ex_task = asyncio.ensure_future(ex.execute(code))
+            await asyncio.wait_for(running.wait(), 30)  # the block is running: no guessed sleep
             await ex.interrupt()
             r = await asyncio.wait_for(ex_task, 10)
             assert r.error is not None and r.error.ename == "KeyboardInterrupt"

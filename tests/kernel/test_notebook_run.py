@@ -17,7 +17,8 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kernelexec import NotebookError, run_notebook, run_notebook_async
-from kernelexec._notebook import INJECTED_TAG, META_KEY
+from kernelexec._notebook import INJECTED_TAG
+from kernelexec._session import META_KEY
 
 DETERMINISTIC = [
     "n = 4",

@@ -16,7 +16,7 @@ import pytest
 from nbclient import NotebookClient
 
 from kernelexec import CommandLineExecutor
-from kernelexec._notebook import META_KEY
+from kernelexec._session import META_KEY
 
 PLOT = """\
 import matplotlib

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
+from typing import Any
 
 import pytest
 
@@ -15,6 +15,7 @@ from kernelexec import (
     AsyncKernelPool,
     AsyncSessionManager,
     PoolOptions,
+    SessionExists,
     SessionLimitReached,
     SessionManager,
     SessionNotFound,
@@ -23,14 +24,30 @@ from kernelexec import (
 from kernelexec.backends.local_kernel import LocalKernel
 
 # Each call appends its start and end to a list kept in the kernel, sleeping in between: if two
-# calls interleaved, the list would show it.
+# calls interleaved, the list would show it. The start is also printed at once, so a test can wait
+# for a call to be running (an output marker, not a sleep).
 MARK = """\
 EVENTS = globals().get('EVENTS', [])
 EVENTS.append('{0}>')
+print('started {0}', flush=True)
 import time
 time.sleep({1})
 EVENTS.append('<{0}')
 print(EVENTS)"""
+
+
+def _last_line(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+def _marker_watch(set_event: Any, label: str) -> Any:
+    """An ``on_output`` callback calling ``set_event`` when call ``label`` has started."""
+
+    def watch(output: dict[str, Any]) -> None:
+        if output.get("output_type") == "stream" and f"started {label}" in output.get("text", ""):
+            set_event()
+
+    return watch
 
 
 def test_options_are_validated() -> None:
@@ -46,7 +63,9 @@ def test_options_are_validated() -> None:
 def test_sessions_from_asyncio_tasks() -> None:
     async def scenario() -> None:
         options = SessionOptions(max_sessions=2, idle_timeout=None)
-        async with AsyncSessionManager(options=options, timeout=30) as sessions:
+        running = asyncio.Event()
+        watch = _marker_watch(running.set, "1")
+        async with AsyncSessionManager(options=options, timeout=30, on_output=watch) as sessions:
             await asyncio.gather(sessions.create("a"), sessions.create("b"))
             assert sorted(sessions.names()) == ["a", "b"]
 
@@ -58,18 +77,18 @@ def test_sessions_from_asyncio_tasks() -> None:
             # Two concurrent calls on one session queue in order and never interleave;
             # a call on another session meanwhile is not held up by them.
             slow = asyncio.create_task(sessions.execute("a", MARK.format("1", 1.0)))
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(running.wait(), 30)  # the first call is running
             queued = asyncio.create_task(sessions.execute("a", MARK.format("2", 0)))
             other = await sessions.execute("b", "print('b ran')")
             assert other.output.strip() == "b ran"
             assert not slow.done()
             first, second = await slow, await queued
-            assert first.output.strip() == "['1>', '<1']"
-            assert second.output.strip() == "['1>', '<1', '2>', '<2']"
+            assert _last_line(first.output) == "['1>', '<1']"
+            assert _last_line(second.output) == "['1>', '<1', '2>', '<2']"
 
             with pytest.raises(SessionLimitReached, match="2 sessions"):
                 await sessions.create("c")
-            with pytest.raises(ValueError, match="exists"):
+            with pytest.raises(SessionExists, match="exists"):
                 await sessions.create("a")
 
             await sessions.close_session("b")
@@ -82,16 +101,18 @@ def test_sessions_from_asyncio_tasks() -> None:
 
 @pytest.mark.slow
 def test_sessions_from_threads() -> None:
-    with SessionManager(options=SessionOptions(max_sessions=1, idle_timeout=None)) as sessions:
+    running = threading.Event()
+    options = SessionOptions(max_sessions=1, idle_timeout=None)
+    with SessionManager(options=options, on_output=_marker_watch(running.set, "1")) as sessions:
         sessions.create("t")
         results: dict[str, str] = {}
 
         def call(label: str, pause: float) -> None:
-            results[label] = sessions.execute("t", MARK.format(label, pause)).output.strip()
+            results[label] = _last_line(sessions.execute("t", MARK.format(label, pause)).output)
 
         first = threading.Thread(target=call, args=("1", 1.0))
         first.start()
-        time.sleep(0.3)  # the first call is running; the second queues behind it
+        assert running.wait(30)  # the first call is running; the second queues behind it
         second = threading.Thread(target=call, args=("2", 0))
         second.start()
         first.join(30)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kernelexec.bench import executors, report, workloads
+import kernelexec
+from kernelexec.bench import executors, names, report, workloads
 from kernelexec.bench.runner import (
     BenchConfig,
     BenchResults,
@@ -37,6 +40,7 @@ def test_percentile_interpolates_between_ranks() -> None:
     assert percentile(values, 90) == pytest.approx(3.7)
     assert percentile(values, 100) == 4.0
     assert percentile([7.0], 90) == 7.0
+    assert percentile(values, 37.5) == pytest.approx(2.125)  # q need not be a whole percent
 
 
 @pytest.mark.parametrize("q", [-1, 101])
@@ -341,3 +345,71 @@ def test_pool_acquire_target_reads_the_rows_own_metric(results: BenchResults) ->
     check = next(t for t in report.targets(results) if t.name == "pool acquire")
     assert check.value == pytest.approx(0.012) and check.met is True
     assert check.format(check.value) == "12.0 ms" and check.threshold_text == "≤ 20.0 ms"
+
+
+def test_summary_matches_percentile() -> None:
+    values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.4, 0.6]
+    s = Summary.of(values)
+    assert (s.p10, s.p50, s.p90) == pytest.approx(
+        (percentile(values, 10), percentile(values, 50), percentile(values, 90))
+    )
+    single = Summary.of([0.5])
+    assert (single.p10, single.p50, single.p90) == (0.5, 0.5, 0.5)
+
+
+def test_the_parser_names_are_the_rows_and_workloads() -> None:
+    """``names`` (read to build the parser) lists what ``executors`` and ``workloads`` run."""
+    assert tuple(s.name for s in executors.SPECS) == names.EXECUTOR_NAMES
+    assert set(names.GROUPS.values()) == {s.group for s in executors.SPECS}
+    built = workloads.build_workloads(names.WORKLOAD_NAMES, quick=True)
+    assert tuple(w.name for w in built) == names.WORKLOAD_NAMES
+    assert kernelexec.DockerOptions().image == names.DEFAULT_IMAGE
+
+
+class _FakeExecutor:
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_kernelexec_rows_are_built_by_the_registry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: dict[str, dict[str, Any]] = {}
+
+    def make_executor(name: str, **options: Any) -> _FakeExecutor:
+        built[name] = options
+        return _FakeExecutor()
+
+    monkeypatch.setattr(kernelexec, "make_executor", make_executor)
+    ctx = executors.BenchContext(python="/usr/bin/python3", image="img:1", timeout=9.0)
+    rows = [s for s in executors.SPECS if s.group == "kernelexec" and s.shared is None]
+    for spec in rows:
+        spec.open(ctx, tmp_path, None).close()
+    common = {"work_dir": tmp_path, "timeout": 9.0}
+    assert built == {
+        "command": {**common, "python": "/usr/bin/python3"},
+        "kernel": common,
+        "docker-command": {**common, "image": "img:1"},
+        "docker-kernel": {**common, "image": "img:1"},
+    }
+    assert set(built) <= set(kernelexec.EXECUTOR_NAMES)
+
+
+@pytest.mark.parametrize("module", ["rich", "matplotlib"])
+def test_bench_without_the_extra_says_how_to_install_it(
+    module: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    from kernelexec.cli import main
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and module in err
+    assert 'pip install "kernelexec[bench]"' in err
+    assert not (tmp_path / "out").exists()

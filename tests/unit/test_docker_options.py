@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kernelexec import DockerCommand, DockerKernel, DockerOptions
-from kernelexec._docker import UNPRIVILEGED_USER, container_env, container_kwargs
 from kernelexec._image import apt_mirror, recipe_hash, recipe_text
+from kernelexec.backends._docker import UNPRIVILEGED_USER, container_env, container_kwargs
 
 
 def test_options_are_frozen_and_keyword_only() -> None:

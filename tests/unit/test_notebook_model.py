@@ -12,14 +12,12 @@ import nbformat
 import pytest
 
 from kernelexec import ErrorInfo, ExecutionResult, NotebookError
-from kernelexec._notebook import (
-    INJECTED_TAG,
+from kernelexec._notebook import INJECTED_TAG, inject_parameters, parse_parameter
+from kernelexec._session import (
     META_KEY,
     SessionNotebook,
     cell_outputs,
     cell_source,
-    inject_parameters,
-    parse_parameter,
     read_notebook,
     session_cell,
     to_nb_output,

@@ -11,6 +11,7 @@ EXPECTED = {
     "AsyncKernelPool",
     "AsyncSessionManager",
     "BackendUnavailable",
+    "EXECUTOR_NAMES",
     "CodeBlock",
     "CommandBackend",
     "CommandLineExecutor",
@@ -42,14 +43,19 @@ EXPECTED = {
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",
+    "ReentrantCall",
     "SessionError",
+    "SessionExists",
     "SessionLimitReached",
     "SessionManager",
     "SessionNotFound",
     "SessionOptions",
     "SyncExecutor",
+    "UnknownExecutor",
     "__version__",
     "extract_code_blocks",
+    "make_async_executor",
+    "make_executor",
     "normalize_language",
     "run_notebook",
     "run_notebook_async",
@@ -74,3 +80,34 @@ def test_errors_are_builtins_too() -> None:
         obj = getattr(kernelexec, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, kernelexec.KernelExecError), name
+
+
+def test_unknown_executor_names_the_valid_ones() -> None:
+    import pytest
+
+    with pytest.raises(kernelexec.UnknownExecutor, match="valid: kernel, command") as info:
+        kernelexec.make_executor("nope")
+    assert isinstance(info.value, ValueError)
+
+
+def test_importing_kernelexec_loads_no_heavy_dependency() -> None:
+    """``import kernelexec`` stays fast: names load on first use (start-up time, issue 12)."""
+    import subprocess
+    import sys
+
+    heavy = ["docker", "tornado", "matplotlib", "jupyter_client", "zmq", "nbformat", "rich"]
+    code = (
+        "import sys, kernelexec, kernelexec.cli; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_lazy_names_resolve_to_their_defining_module() -> None:
+    assert kernelexec.KernelExecutor.__module__ == "kernelexec._kernel"
+    assert "KernelExecutor" in dir(kernelexec)
+    import pytest
+
+    with pytest.raises(AttributeError):
+        _ = kernelexec.NoSuchName  # type: ignore[attr-defined]

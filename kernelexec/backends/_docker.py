@@ -1,0 +1,436 @@
+"""What the Docker back ends share: the client, error translation, labels, the container helper, gc.
+
+Settings (``DockerOptions``) and the names containers carry live in ``_docker_options`` (no Docker
+SDK import there); they are re-exported here. Every blocking Docker SDK call made by a back end
+runs in a worker thread (``asyncio.to_thread``) so the event loop stays free; errors from the SDK
+and from the engine's socket are translated here, once, into the ``KernelExecError`` tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from .._errors import DockerUnavailable, ImageNotFound, KernelExecError
+from .._version import __version__
+from ._docker_options import DEFAULT_IMAGE as DEFAULT_IMAGE
+from ._docker_options import LABEL_HOST as LABEL_HOST
+from ._docker_options import LABEL_KIND as LABEL_KIND
+from ._docker_options import LABEL_OWNER_PID as LABEL_OWNER_PID
+from ._docker_options import LABEL_RUNTIME_DIR as LABEL_RUNTIME_DIR
+from ._docker_options import LABEL_SESSION as LABEL_SESSION
+from ._docker_options import LABEL_VERSION as LABEL_VERSION
+from ._docker_options import RUNTIME_DIR_PREFIX as RUNTIME_DIR_PREFIX
+from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
+from ._docker_options import WORKSPACE as WORKSPACE
+from ._docker_options import DockerOptions as DockerOptions
+from ._docker_options import merge_options as merge_options
+
+_HOW_TO_START = (
+    "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
+    "or point DOCKER_HOST at a running engine."
+)
+
+
+def make_client(options: DockerOptions) -> docker.DockerClient:
+    """A client that has answered a ping; ``DockerUnavailable`` otherwise."""
+    timeout = int(options.api_timeout)
+    where = options.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        _probe_unix_socket(where, options.api_timeout)
+        if options.base_url is not None:
+            client = docker.DockerClient(base_url=options.base_url, timeout=timeout)
+        else:
+            client = docker.DockerClient.from_env(timeout=timeout)
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise DockerUnavailable(
+            f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
+        ) from exc
+    try:
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        client.close()
+        raise DockerUnavailable(
+            f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
+        ) from exc
+    return client
+
+
+def _probe_unix_socket(url: str, timeout: float) -> None:
+    """Connect once to a unix-socket engine address, closing the socket whatever happens.
+
+    The SDK leaks its socket when a unix-socket connect fails; probing first avoids that.
+    """
+    for prefix in ("unix://", "http+unix://"):
+        if url.startswith(prefix):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(timeout)
+                probe.connect(url[len(prefix) :])
+            return
+
+
+def image_missing_message(image: str) -> str:
+    return (
+        f"Docker image {image!r} is not present on this engine. Build it with "
+        "`kernelexec image build --offline` (no registry needed) or `kernelexec image build`."
+    )
+
+
+def check_image(client: docker.DockerClient, image: str) -> None:
+    """Raise ``ImageNotFound`` (naming the build command) unless ``image`` exists locally."""
+    with translate_errors(image=image):
+        client.images.get(image)
+
+
+def find_image(client: docker.DockerClient, tag: str) -> Any:
+    """The local image ``tag``, or None when the engine has none.
+
+    Other SDK errors pass through untranslated: call this through ``call`` (or inside
+    ``translate_errors``) with words that say what the caller was doing.
+    """
+    try:
+        return client.images.get(tag)
+    except docker.errors.ImageNotFound:  # absent is an answer here, not a failure
+        return None
+
+
+@contextlib.contextmanager
+def translate_errors(what: str = "Docker call", *, image: str | None = None) -> Iterator[None]:
+    """Turn engine and connection failures into ``DockerUnavailable``.
+
+    A missing image becomes ``ImageNotFound``; naming the ``image`` the block uses makes its
+    message say how to build it.
+    """
+    try:
+        yield
+    except KernelExecError:
+        raise
+    except docker.errors.ImageNotFound as exc:
+        message = image_missing_message(image) if image is not None else str(exc)
+        raise ImageNotFound(message) from exc
+    except (requests.exceptions.RequestException, ConnectionError) as exc:
+        raise DockerUnavailable(
+            f"{what} failed: the Docker engine stopped answering ({exc})"
+        ) from exc
+    except docker.errors.APIError as exc:
+        raise DockerUnavailable(f"{what} failed: {exc.explanation or exc}") from exc
+    except docker.errors.DockerException as exc:
+        raise DockerUnavailable(f"{what} failed: {exc}") from exc
+
+
+_T = TypeVar("_T")
+
+
+def call(what: str, func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """``func(*args, **kwargs)`` with Docker errors translated (meant for worker threads)."""
+    with translate_errors(what):
+        return func(*args, **kwargs)
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def labels_for(kind: str, session: str, options: DockerOptions, **extra: str) -> dict[str, str]:
+    """The labels every container kernelexec creates carries (``gc`` relies on them)."""
+    return {
+        **options.labels,
+        LABEL_SESSION: session,
+        LABEL_OWNER_PID: str(os.getpid()),
+        LABEL_HOST: socket.gethostname(),
+        LABEL_VERSION: __version__,
+        LABEL_KIND: kind,
+        **extra,
+    }
+
+
+def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments for ``containers.run`` that apply the safe defaults."""
+    kwargs: dict[str, Any] = {
+        "user": options.resolved_user(),
+        "cap_drop": list(options.cap_drop),
+        "security_opt": list(options.security_opt),
+        "labels": dict(labels),
+        "detach": True,
+        "stdin_open": False,
+        "tty": False,
+        "working_dir": WORKSPACE,
+    }
+    if options.pids_limit is not None:
+        kwargs["pids_limit"] = options.pids_limit
+    if options.memory is not None:
+        # Same value for memory+swap: no swap, so a memory hog is killed instead of thrashing.
+        kwargs["mem_limit"] = options.memory
+        kwargs["memswap_limit"] = options.memory
+    if options.cpus is not None:
+        kwargs["nano_cpus"] = int(options.cpus * 1e9)
+    if not options.network:
+        kwargs["network_mode"] = "none"
+    if options.read_only:
+        kwargs["read_only"] = True
+    # A writable /tmp even with a read-only root; HOME points there for caches and history.
+    kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={options.tmpfs_size},mode=1777"}
+    kwargs.update(options.run_kwargs)
+    return kwargs
+
+
+def container_env(options: DockerOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment code in the container sees (never the host's)."""
+    # No MPLBACKEND here: a kernel picks its inline back end; command runs set Agg themselves.
+    base = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
+    return {**base, **options.environment, **(extra or {})}
+
+
+def prepare_host_dir(path: Path, options: DockerOptions) -> None:
+    """Let the container user write to ``path`` when we are root and it is not.
+
+    Only the folder itself changes owner; files already inside keep theirs (readable as before).
+    """
+    if not hasattr(os, "getuid") or os.getuid() != 0:
+        return
+    uid, _, gid = options.resolved_user().partition(":")
+    if not uid.isdigit() or uid == "0":
+        return
+    os.chown(path, int(uid), int(gid) if gid.isdigit() else int(uid))
+
+
+def force_remove(container: Any) -> None:
+    """Kill and remove a container at once (no stop grace period); gone already is fine."""
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    """What a back end runs in a container; ``ContainerHandle`` adds the safe defaults, the
+    labels and the work dir mount (at ``WORKSPACE``)."""
+
+    command: Sequence[str]
+    #: Docker's init (tini) as PID 1, or the command itself
+    init: bool
+    #: more host folders to bind-mount read-write: host path -> path inside the container
+    mounts: Mapping[Path, str] = field(default_factory=dict)
+    #: variables on top of ``container_env``'s
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: labels on top of ``labels_for``'s
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``containers.create`` keyword arguments that win over ``DockerOptions.run_kwargs``
+    run_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: the step a failure names (in ``DockerUnavailable``'s message)
+    what: str = "creating a container"
+
+
+class ContainerHandle:
+    """A Docker back end's engine client and its current container.
+
+    The back end says what to run (``ContainerSpec``); the handle makes the client, checks the
+    image, creates, starts, execs in and removes containers, each blocking SDK call in a worker
+    thread and every SDK error translated here. ``container`` is the current container (a docker
+    SDK ``Container``) or None; ``create`` makes one the handle does not keep (the caller
+    removes it).
+    """
+
+    def __init__(self, options: DockerOptions, *, kind: str) -> None:
+        self.options = options
+        self.kind = kind
+        self.session = new_session_id()
+        self.container: Any = None
+        self.work_dir: Path | None = None
+        self._client: docker.DockerClient | None = None
+
+    async def prepare(self, work_dir: Path) -> None:
+        """Connect (once per handle until ``close``), check the image, hand ``work_dir`` (mounted
+        at ``WORKSPACE`` in every container) to the container user."""
+        self.work_dir = work_dir
+        if self._client is None:
+            self._client = await asyncio.to_thread(make_client, self.options)
+        await asyncio.to_thread(check_image, self._client, self.options.image)
+        await asyncio.to_thread(prepare_host_dir, work_dir, self.options)
+
+    async def create(self, spec: ContainerSpec) -> Any:
+        """Create and start a container that the handle does not keep."""
+        return await asyncio.to_thread(self._create, spec)
+
+    async def start(self, spec: ContainerSpec) -> Any:
+        """Create and start the current container, removing the one before (if any) first.
+
+        When that removal or the new container fails, the one before stays current.
+        """
+        if self.container is not None:
+            await self.remove(self.container)
+        self.container = await self.create(spec)
+        return self.container
+
+    async def remove(self, container: Any = None, *, best_effort: bool = False) -> None:
+        """Kill and remove ``container`` at once; by default the current one, forgotten first.
+
+        ``best_effort``: a failing engine is no error (``kernelexec gc``, which finds the
+        container by its labels, removes it later).
+        """
+        if container is None:
+            container, self.container = self.container, None
+            if container is None:
+                return
+        try:
+            await self.call("removing the container", force_remove, container)
+        except DockerUnavailable:
+            if not best_effort:
+                raise
+
+    async def call(self, what: str, func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """``func(*args, **kwargs)`` in a worker thread, Docker errors translated."""
+        return await asyncio.to_thread(call, what, func, *args, **kwargs)
+
+    async def exec_stream(
+        self, container: Any, argv: Sequence[str], environment: Mapping[str, str]
+    ) -> tuple[str, Any]:
+        """Start ``argv`` in ``container`` (in ``WORKSPACE``, with ``container_env`` plus
+        ``environment``): the exec's id and the socket its multiplexed output arrives on."""
+        env = container_env(self.options, environment)
+        return await self.call("docker exec", _exec_start, self._api(), container.id, argv, env)
+
+    async def exec_exit_code(self, exec_id: str) -> int:
+        """The exit status of an exec whose output has ended, once the engine has recorded it."""
+        return await asyncio.to_thread(_exit_code, self._api(), exec_id)
+
+    async def exec_quiet(self, container: Any, script: str) -> int:
+        """Run a shell script in ``container`` (output discarded) and return its exit status."""
+        return await asyncio.to_thread(_run_quiet, self._api(), container.id, script)
+
+    def close(self) -> None:
+        """Close the client; the current container (if any) is ``remove``'s business."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _api(self) -> docker.APIClient:
+        assert self._client is not None
+        return self._client.api
+
+    def _create(self, spec: ContainerSpec) -> Any:
+        """Create and start a container (blocking; runs in a worker thread)."""
+        assert self._client is not None and self.work_dir is not None
+        opts = self.options
+        labels = labels_for(self.kind, self.session, opts, **spec.labels)
+        kwargs = container_kwargs(opts, labels=labels)
+        kwargs.pop("detach", None)
+        volumes = dict(kwargs.pop("volumes", None) or {})
+        for host, inside in {self.work_dir: WORKSPACE, **spec.mounts}.items():
+            volumes[str(host)] = {"bind": inside, "mode": "rw"}
+        kwargs.update(spec.run_kwargs)
+        with translate_errors(spec.what, image=opts.image):
+            container = self._client.containers.create(
+                opts.image,
+                command=list(spec.command),
+                volumes=volumes,
+                environment=container_env(opts, spec.environment),
+                init=spec.init,
+                **kwargs,
+            )
+            try:
+                container.start()
+            except BaseException:
+                force_remove(container)
+                raise
+        return container
+
+
+def _exec_start(
+    api: docker.APIClient, container_id: str, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[str, Any]:
+    created = api.exec_create(
+        container_id,
+        list(argv),
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        environment=dict(env),
+        workdir=WORKSPACE,
+    )
+    exec_id = created["Id"]
+    return exec_id, api.exec_start(exec_id, socket=True)
+
+
+def _exit_code(api: docker.APIClient, exec_id: str) -> int:
+    for _ in range(20):
+        info = call("docker exec", api.exec_inspect, exec_id)
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            return int(info["ExitCode"])
+        time.sleep(0.05)
+    raise DockerUnavailable(
+        "the Docker engine ended the exec's output stream but says the block is still running"
+    )
+
+
+def _run_quiet(api: docker.APIClient, container_id: str, script: str) -> int:
+    with translate_errors("docker exec"):
+        exec_id = api.exec_create(container_id, ["sh", "-c", script], stdout=True, stderr=True)[
+            "Id"
+        ]
+        api.exec_start(exec_id)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+    return -1 if code is None else int(code)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[str]:
+    """Remove kernelexec containers on this host whose owner process is gone.
+
+    Returns the short ids of the containers removed (or that would be, with ``dry_run``).
+    """
+    options = options or DockerOptions()
+    client = make_client(options)
+    try:
+        with translate_errors("listing containers"):
+            found = client.containers.list(all=True, filters={"label": LABEL_SESSION})
+        removed: list[str] = []
+        for container in found:
+            labels = container.labels
+            if labels.get(LABEL_HOST) != socket.gethostname():
+                continue
+            pid = labels.get(LABEL_OWNER_PID, "")
+            if pid.isdigit() and _pid_alive(int(pid)):
+                continue
+            removed.append(container.short_id)
+            if not dry_run:
+                with translate_errors("removing a container"):
+                    force_remove(container)
+                _remove_runtime_dir(labels.get(LABEL_RUNTIME_DIR))
+        return removed
+    finally:
+        client.close()
+
+
+def _remove_runtime_dir(label: str | None) -> None:
+    """Remove a runtime dir named by a label, but only one kernelexec could have made.
+
+    Anyone who can create containers can write labels: never delete an arbitrary path for them.
+    """
+    if not label:
+        return
+    path = Path(label)
+    if path.name.startswith(RUNTIME_DIR_PREFIX) and path.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(path, ignore_errors=True)

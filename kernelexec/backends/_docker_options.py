@@ -1,0 +1,73 @@
+"""Docker settings: ``DockerOptions`` with the safe defaults, and the names containers carry.
+
+Kept apart from the Docker SDK: configuring a Docker executor (and ``kernelexec --help``) must
+not pay for importing ``docker``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+DEFAULT_IMAGE = "kernelexec/python:latest"
+#: where the work dir is mounted in every kernelexec container
+WORKSPACE = "/workspace"
+#: the uid:gid used when the caller is root (containers never run as root by default)
+UNPRIVILEGED_USER = "1000:1000"
+
+LABEL_SESSION = "kernelexec.session"
+LABEL_OWNER_PID = "kernelexec.owner_pid"
+LABEL_HOST = "kernelexec.host"
+LABEL_VERSION = "kernelexec.version"
+LABEL_KIND = "kernelexec.kind"
+#: a host folder the container's owner created for it (removed by ``gc`` too)
+LABEL_RUNTIME_DIR = "kernelexec.runtime_dir"
+RUNTIME_DIR_PREFIX = "kernelexec-run-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DockerOptions:
+    """How containers are created. The defaults are the safe ones; loosen them deliberately.
+
+    ``user=None`` means the caller's uid:gid (so work-dir files belong to the caller), except
+    when the caller is root: then ``UNPRIVILEGED_USER``, and the work dir is handed to that user.
+    """
+
+    image: str = DEFAULT_IMAGE
+    user: str | None = None
+    network: bool = False
+    memory: str | None = "2g"
+    cpus: float | None = 1.0
+    pids_limit: int | None = 256
+    read_only: bool = False
+    tmpfs_size: str = "512m"
+    cap_drop: Sequence[str] = ("ALL",)
+    security_opt: Sequence[str] = ("no-new-privileges",)
+    environment: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: extra keyword arguments for ``containers.run`` (volumes, devices, runtime, ...)
+    run_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: engine address; None reads DOCKER_HOST & co. when the client is built
+    base_url: str | None = None
+    #: seconds an engine API call may take before it counts as a dead engine
+    api_timeout: float = 30.0
+
+    def resolved_user(self) -> str:
+        """The ``uid:gid`` containers run as."""
+        if self.user is not None:
+            return self.user
+        if not hasattr(os, "getuid") or os.getuid() == 0:
+            return UNPRIVILEGED_USER
+        return f"{os.getuid()}:{os.getgid()}"
+
+
+def merge_options(
+    options: DockerOptions | None, image: str | None, overrides: Mapping[str, Any]
+) -> DockerOptions:
+    """The options a Docker back end runs with: ``options`` (or the defaults), then ``image`` and
+    the keyword ``overrides`` (``DockerOptions`` fields; an unknown name raises ``TypeError``)."""
+    if image is not None:
+        overrides = {**overrides, "image": image}
+    return replace(options or DockerOptions(), **overrides)
