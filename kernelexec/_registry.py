@@ -108,7 +108,7 @@ _ENTRIES = (
     ExecutorEntry(
         name="gateway",
         stateful=True,
-        summary="a kernel on a Jupyter Kernel / Enterprise Gateway (url=, token=, user=)",
+        summary="a kernel on a Jupyter Kernel / Enterprise Gateway",
         build=_gateway,
     ),
 )

@@ -59,12 +59,6 @@ def blocks_from_source(text: str, path: str) -> list[CodeBlock]:
     return extract_code_blocks(text)
 
 
-def _print_human(result: ExecutionResult) -> None:
-    print(result.to_reply())
-    if result.files:
-        print("Files: " + ", ".join(result.output_files))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     if args.file == "-":
         text, name = sys.stdin.read(), "message.md"
@@ -80,20 +74,73 @@ def cmd_run(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="kernelexec-run-")
     result: ExecutionResult | None = None
     try:
-        with _executor_from(args, work_dir=work_dir) as executor:
-            result = executor.execute_code_blocks(blocks)
+        result = _run_blocks(args, blocks, Path(work_dir))
     finally:
         if not args.work_dir and (result is None or not result.files):
             shutil.rmtree(work_dir, ignore_errors=True)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        _print_human(result)
+        document = result.to_dict()
+        document["blocks"] = [r.to_dict() for r in result.block_results or [result]]
+        print(json.dumps(document, indent=2, default=str))
+    elif not blocks:
+        print(result.output)
     return min(result.exit_code, 255)
 
 
+def _run_blocks(args: argparse.Namespace, blocks: list[CodeBlock], work: Path) -> ExecutionResult:
+    """Run the blocks in order, stopping at the first failure; the human view streams output
+    as it happens and frames each block; ``--json`` prints one document at the end."""
+    from ._executor import combine_results
+    from ._view import LiveView, block_footer, block_header, not_run_line
+
+    live = None if args.json else LiveView(sys.stdout, colour=sys.stdout.isatty())
+    results: list[ExecutionResult] = []
+    with _executor_from(args, work_dir=work, on_output=live) as executor:
+        for number, block in enumerate(blocks, 1):
+            if live is not None:
+                print(block_header(number, len(blocks), block.language), flush=True)
+            result = executor.execute_block(block)
+            results.append(result)
+            if live is not None:
+                live.finish()
+                print(block_footer(result, work), flush=True)
+            if not result.ok:
+                break
+    if live is not None:
+        for number in range(len(results) + 1, len(blocks) + 1):
+            print(not_run_line(number, len(blocks), len(results), results[-1]))
+    return combine_results(results)
+
+
+_EXAMPLES = """\
+executors (--executor NAME):
+{executors}
+
+examples:
+  kernelexec run message.md                         run a message's blocks in a local kernel
+  kernelexec run analysis.py --executor docker-kernel --timeout 120
+  echo '```python
+  print(6 * 7)
+  ```' | kernelexec run - --json                    one JSON document, a result per block
+"""
+
+
+def _examples() -> str:
+    from ._registry import EXECUTORS
+
+    lines = [f"  {e.name:<15} {e.summary}" for e in EXECUTORS.values()]
+    return _EXAMPLES.format(executors="\n".join(lines))
+
+
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser("run", help="run the fenced code blocks of a markdown message")
+    run = sub.add_parser(
+        "run",
+        help="run the fenced code blocks of a markdown message",
+        description="Run the fenced code blocks of a markdown message (or a .py / .sh file) in "
+        "order, stopping at the first that fails; output is shown as it happens.",
+        epilog=_examples(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("file", help="a markdown message, a .py or .sh file, or - for stdin")
     _add_executor_options(run)
     run.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -236,7 +283,10 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kernelexec", description="Run code written by LLM agents."
+        prog="kernelexec",
+        description="Run code written by LLM agents.",
+        epilog=_examples(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kernelexec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,17 +1,32 @@
-"""PNG charts of a benchmark run (matplotlib, headless: the Agg canvas, no pyplot state)."""
+"""PNG charts of a benchmark run (matplotlib, headless: the Agg canvas, no pyplot state).
+
+Every chart gives an executor the same colour (floors are drawn hatched or dashed), uses a log
+scale so a 10 ms bar is not flattened under a 1 s one, labels the values, and keeps the legend
+outside the data.
+"""
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from .runner import BenchResults, RowResult
 
 BARS_NAME = "bars.png"
 LATENCY_NAME = "latency.png"
-_GROUP_COLOURS = {"floor": "#9e9e9e", "kernelexec": "#1565c0", "peer": "#ef6c00"}
+# Twenty distinct colours (matplotlib's tab20, dark shades first, then the light ones).
+_PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+    "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
+)  # fmt: skip
+_GROUP_LABELS = {"floor": "floor (raw client)", "kernelexec": "kernelexec", "peer": "peer"}
 
 
 def _measured(results: BenchResults, workload: str) -> list[RowResult]:
@@ -22,59 +37,103 @@ def _workloads(results: BenchResults) -> list[str]:
     return [w for w in dict.fromkeys(r.workload for r in results.rows) if _measured(results, w)]
 
 
-def bars_figure(results: BenchResults) -> Figure:
-    """Per workload: per-block p50 per executor, error bars from p10 to p90."""
+def executor_colours(results: BenchResults) -> dict[str, str]:
+    """One colour per executor, the same in every panel and chart of the run."""
+    names = dict.fromkeys(r.executor for r in results.rows if r.blocks)
+    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)}
+
+
+def _panels(results: BenchResults) -> tuple[Figure, list[str], list[Any]]:
     workloads = _workloads(results)
-    fig = Figure(figsize=(4.2 * max(1, len(workloads)), 4.2), layout="constrained")
-    axes = fig.subplots(1, max(1, len(workloads)), squeeze=False)[0]
+    fig = Figure(figsize=(4.6 * max(1, len(workloads)), 5.0), layout="constrained")
+    axes = list(fig.subplots(1, max(1, len(workloads)), squeeze=False)[0])
+    if not workloads:
+        axes[0].text(0.5, 0.5, "nothing measured", ha="center", va="center")
+    return fig, workloads, axes
+
+
+def _legend(fig: Figure, results: BenchResults, colours: dict[str, str], floor_style: str) -> None:
+    groups = {r.executor: r.group for r in results.rows}
+    handles: list[object] = []
+    for name, colour in colours.items():
+        floor = groups.get(name) == "floor"
+        label = f"{name} ({_GROUP_LABELS.get(groups.get(name, ''), 'other')})"
+        if floor_style == "hatch":
+            handles.append(
+                Patch(
+                    facecolor=colour, hatch="//" if floor else None, edgecolor="white", label=label
+                )
+            )
+        else:
+            handles.append(Line2D([], [], color=colour, ls="--" if floor else "-", label=label))
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=min(6, max(1, len(handles))), fontsize=7
+    )
+
+
+def bars_figure(results: BenchResults) -> Figure:
+    """Per workload: per-block p50 per executor (log scale), error bars from p10 to p90."""
+    colours = executor_colours(results)
+    fig, workloads, axes = _panels(results)
     for ax, workload in zip(axes, workloads, strict=False):
         rows = _measured(results, workload)
-        p50, low, high, colours = [], [], [], []
+        p50, low, high = [], [], []
         for row in rows:
             s = row.summary("block")
             assert s is not None
             p50.append(s.p50 * 1e3)
             low.append((s.p50 - s.p10) * 1e3)
             high.append((s.p90 - s.p50) * 1e3)
-            colours.append(_GROUP_COLOURS.get(row.group, "#555555"))
         x = list(range(len(rows)))
-        ax.bar(x, p50, yerr=[low, high], color=colours, capsize=3)
-        ax.set_xticks(x, [r.executor for r in rows], rotation=45, ha="right", fontsize=8)
+        bars = ax.bar(
+            x,
+            p50,
+            yerr=[low, high],
+            color=[colours[r.executor] for r in rows],
+            hatch=["//" if r.group == "floor" else None for r in rows],
+            edgecolor="white",
+            capsize=3,
+            ecolor="#444444",
+        )
+        ax.bar_label(bars, labels=[_ms(v) for v in p50], fontsize=6, padding=2)
+        ax.set_yscale("log")
+        ax.set_xticks(x, [r.executor for r in rows], rotation=45, ha="right", fontsize=7)
         ax.set_title(workload)
-        ax.set_ylabel("per-block latency, ms (p50, p10 to p90)")
-    if not workloads:
-        axes[0].text(0.5, 0.5, "nothing measured", ha="center", va="center")
-    fig.suptitle(
-        "kernelexec bench: per-block latency (grey: floors, blue: kernelexec, orange: peers)",
-        fontsize=9,
-    )
+        ax.set_ylabel("per-block latency, ms (log; p50, bars p10 to p90)", fontsize=8)
+    fig.suptitle("kernelexec bench: per-block latency by executor (hatched: floors)", fontsize=10)
+    _legend(fig, results, colours, "hatch")
     return fig
 
 
 def latency_figure(results: BenchResults) -> Figure:
     """Per workload: latency of block 1, 2, ... (median over sessions), one line per row."""
-    workloads = _workloads(results)
-    fig = Figure(figsize=(4.2 * max(1, len(workloads)), 4.2), layout="constrained")
-    axes = fig.subplots(1, max(1, len(workloads)), squeeze=False)[0]
+    colours = executor_colours(results)
+    fig, workloads, axes = _panels(results)
     for ax, workload in zip(axes, workloads, strict=False):
         for row in _measured(results, workload):
             series = per_block_medians(row)
-            style = "--" if row.group == "floor" else "-"
             ax.plot(
                 range(1, len(series) + 1),
                 [v * 1e3 for v in series],
-                style,
+                "--" if row.group == "floor" else "-",
+                color=colours[row.executor],
                 marker=".",
-                label=row.executor,
             )
         ax.set_yscale("log")
-        ax.set_xlabel("block")
-        ax.set_ylabel("latency, ms (log)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("block number in the session")
+        ax.set_ylabel("latency, ms (log; median over sessions)", fontsize=8)
         ax.set_title(workload)
-        ax.legend(fontsize=7)
-    if not workloads:
-        axes[0].text(0.5, 0.5, "nothing measured", ha="center", va="center")
+    fig.suptitle(
+        "kernelexec bench: latency of each block (dashed: floors; block 1 includes warm-up)",
+        fontsize=10,
+    )
+    _legend(fig, results, colours, "line")
     return fig
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def per_block_medians(row: RowResult) -> list[float]:

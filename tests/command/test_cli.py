@@ -48,7 +48,7 @@ def test_markdown_message(tmp_path: Path) -> None:
     message.write_text(MESSAGE)
     proc = run(str(message))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("exitcode: 0 (execution succeeded)\nCode output: from python\n")
+    assert proc.stdout.startswith("── block 1 of 2 · python ──\nfrom python\n── exit 0 (ok)")
     assert "from bash\n" in proc.stdout
 
 
@@ -69,7 +69,7 @@ def test_python_file_and_exit_status(tmp_path: Path) -> None:
     script.write_text("print('about to fail')\nraise SystemExit(7)\n")
     proc = run(str(script))
     assert proc.returncode == 7
-    assert proc.stdout.startswith("exitcode: 7 (execution failed)\nCode output: about to fail\n")
+    assert proc.stdout.startswith("── block 1 of 1 · python ──\nabout to fail\n── exit 7 (failed)")
 
 
 def test_python_error_exits_1(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_work_dir_keeps_files(tmp_path: Path) -> None:
     proc = run("-", "--work-dir", str(work), stdin="```py\nopen('out.txt', 'w').write('hi')\n```")
     assert proc.returncode == 0, proc.stderr
     assert (work / "out.txt").read_text() == "hi"
-    assert f"Files: {work / 'out.txt'}" in proc.stdout
+    assert "saved: out.txt" in proc.stdout
 
 
 def test_default_work_dir_keeps_files_the_result_names() -> None:
@@ -112,7 +112,8 @@ def test_timeout() -> None:
     proc = run("--timeout", "1", "-", stdin="```python\nwhile True:\n    pass\n```")
     assert time.monotonic() - started < 15
     assert proc.returncode == 124
-    assert proc.stdout.startswith("exitcode: 124 (execution timed out)")
+    assert "── exit 124 (timed out)" in proc.stdout
+    assert "longer than 1 s" in proc.stdout
     assert "Timeout" in proc.stdout
 
 

@@ -413,3 +413,24 @@ def test_bench_without_the_extra_says_how_to_install_it(
     assert err.count("\n") == 1 and module in err
     assert 'pip install "kernelexec[bench]"' in err
     assert not (tmp_path / "out").exists()
+
+
+def test_charts_give_each_executor_one_colour_everywhere(results: BenchResults) -> None:
+    """The same executor is drawn in the same colour in every panel of both charts."""
+    from matplotlib.colors import to_hex
+
+    from kernelexec.bench.charts import bars_figure, executor_colours, latency_figure
+
+    colours = executor_colours(results)
+    assert len(set(colours.values())) == len(colours)  # no two executors share a colour
+    for panel in bars_figure(results).axes:
+        labels = [t.get_text() for t in panel.get_xticklabels()]
+        for label, patch in zip(labels, panel.patches, strict=False):
+            assert to_hex(patch.get_facecolor()) == colours[label]
+        assert panel.get_yscale() == "log"  # small bars are not flattened under big ones
+    for panel in latency_figure(results).axes:
+        assert all(to_hex(line.get_color()) in colours.values() for line in panel.get_lines())
+        ticks = panel.xaxis.get_major_locator()()
+        assert all(float(t).is_integer() for t in ticks)  # block numbers are whole
+    legend_texts = [t.get_text() for t in bars_figure(results).legends[0].get_texts()]
+    assert any("floor" in t for t in legend_texts)
