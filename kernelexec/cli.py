@@ -311,7 +311,9 @@ def _add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     chat.add_argument("--max-turns", type=int, default=10, help="most replies from the model")
     chat.add_argument("--yes", action="store_true", help="run code without asking first")
-    chat.add_argument("--notebook", help="save the transcript as this .ipynb")
+    chat.add_argument(
+        "--notebook", help="save the transcript here (default: chat.ipynb in the work dir)"
+    )
     chat.add_argument(
         "--send-images", action="store_true", help="send saved images to the model (vision)"
     )
@@ -322,9 +324,12 @@ def _add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_chat(args: argparse.Namespace) -> int:
     from .agent import OpenAIChatModel, ask_on_terminal, run_chat
 
+    # The transcript is always kept: in the work dir (a new folder when none is given).
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kernelexec-chat-")).absolute()
+    notebook = args.notebook or str(work / "chat.ipynb")
     model = OpenAIChatModel(args.model, base_url=args.base_url)
     try:
-        with _executor_from(args) as executor:
+        with _executor_from(args, work_dir=work) as executor:
             chat = run_chat(
                 args.task,
                 model=model,
@@ -332,17 +337,36 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 max_turns=args.max_turns,
                 approve=None if args.yes else ask_on_terminal,
                 send_images=args.send_images,
-                notebook_path=args.notebook,
+                notebook_path=notebook,
                 on_turn=_print_turn,
             )
+    except Exception as exc:
+        problem = _model_problem(exc, args.base_url)
+        if problem is None:
+            raise
+        print(f"kernelexec: {problem}", file=sys.stderr)
+        return 2
     finally:
         model.close()
-    if chat.notebook_path is not None:
-        print(f"Transcript saved to {chat.notebook_path}")
+    print(f"Transcript saved to {chat.notebook_path}")
     if chat.stop_reason != "terminate":
         print(f"kernelexec: no TERMINATE after {args.max_turns} turns", file=sys.stderr)
         return 1
     return 0
+
+
+def _model_problem(exc: BaseException, base_url: str | None) -> str | None:
+    """One line for a model server that cannot be reached or refuses us (None: not that)."""
+    import openai
+
+    where = base_url or "the OpenAI API"
+    if isinstance(exc, openai.AuthenticationError):
+        return f"{where} refused the API key (set OPENAI_API_KEY): {exc.message}"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"cannot reach the model server at {where}: {exc}"
+    if isinstance(exc, openai.OpenAIError):
+        return f"the model server at {where} failed: {exc}"
+    return None
 
 
 def _print_turn(turn: ChatTurn) -> None:
