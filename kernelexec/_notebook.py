@@ -12,6 +12,7 @@ import keyword
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,15 +69,24 @@ def parameters_source(parameters: Mapping[str, Any]) -> str:
 def inject_parameters(nb: NotebookNode, parameters: Mapping[str, Any]) -> NotebookNode:
     """Insert a cell tagged ``injected-parameters`` after the ``parameters`` cell (papermill's way).
 
-    Without a ``parameters`` cell it goes first; a cell injected by an earlier run is replaced.
+    Without a ``parameters`` cell it goes first, with a warning (papermill's behaviour: the
+    notebook's own assignments may then overwrite the values); a cell injected by an earlier run
+    is replaced.
     """
     cell = new_code_cell(source=parameters_source(parameters))
     cell.metadata["tags"] = [INJECTED_TAG]
     if nb.get("nbformat_minor", 0) < 5:
         del cell["id"]  # cell ids are only allowed from nbformat 4.5
     nb.cells = [c for c in nb.cells if INJECTED_TAG not in _tags(c)]
-    at = next((i + 1 for i, c in enumerate(nb.cells) if PARAMETERS_TAG in _tags(c)), 0)
-    nb.cells.insert(at, cell)
+    at = next((i + 1 for i, c in enumerate(nb.cells) if PARAMETERS_TAG in _tags(c)), None)
+    if at is None:
+        warnings.warn(
+            f"the notebook has no cell tagged {PARAMETERS_TAG!r}: the parameters are injected "
+            "first, and the notebook's own assignments may overwrite them",
+            UserWarning,
+            stacklevel=2,
+        )
+    nb.cells.insert(at or 0, cell)
     return nb
 
 

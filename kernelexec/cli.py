@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,16 +199,11 @@ def cmd_notebook_run(args: argparse.Namespace) -> int:
     output = args.output or args.notebook  # like nbconvert --inplace when no -o is given
     parameters = {name: parse_parameter(value) for name, value in args.parameter or []}
     try:
-        nb = run_notebook(
-            args.notebook,
-            output_path=output,
-            executor=args.executor,
-            timeout=args.timeout,
-            allow_errors=args.allow_errors,
-            parameters=parameters,
-            progress=not args.no_progress,
-            work_dir=args.work_dir,
-        )
+        with warnings.catch_warnings():
+            # e.g. -p on a notebook without a 'parameters' cell: one line, when it happens
+            warnings.simplefilter("always", UserWarning)
+            warnings.showwarning = _warning_line
+            nb = _run_notebook_cli(run_notebook, args, output, parameters)
     except ValueError as exc:  # a bad --executor, -p name or --timeout: a usage error
         print(f"kernelexec: {exc}", file=sys.stderr)
         return 2
@@ -219,6 +215,25 @@ def cmd_notebook_run(args: argparse.Namespace) -> int:
     print(f"kernelexec: {status['status']} in {where}: {status['error']}", file=sys.stderr)
     print(f"Partial notebook written to {output}", file=sys.stderr)
     return min(int(status["exit_code"]), 255)
+
+
+def _warning_line(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    print(f"kernelexec: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _run_notebook_cli(
+    run_notebook: Any, args: argparse.Namespace, output: str, parameters: dict[str, Any]
+) -> Any:
+    return run_notebook(
+        args.notebook,
+        output_path=output,
+        executor=args.executor,
+        timeout=args.timeout,
+        allow_errors=args.allow_errors,
+        parameters=parameters,
+        progress=not args.no_progress,
+        work_dir=args.work_dir,
+    )
 
 
 def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

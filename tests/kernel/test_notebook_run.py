@@ -225,3 +225,35 @@ def test_cli_reports_errors_with_the_exit_status(tmp_path: Path) -> None:
     done = _cli(corrupt, "-o", "never.ipynb", cwd=tmp_path)
     assert done.returncode == 2 and "invalid JSON" in done.stderr
     assert not (tmp_path / "never.ipynb").exists()
+
+
+def test_cli_warns_when_parameters_have_no_parameters_cell(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "plain.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(x)")]), path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernelexec",
+            "notebook",
+            "run",
+            str(path),
+            "-p",
+            "x",
+            "5",
+            "--no-progress",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "kernelexec: warning: the notebook has no cell tagged 'parameters'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    out = nbformat.read(path, as_version=4)
+    assert out.cells[1].outputs[0]["text"] == "5\n"  # injected first, then the cell ran

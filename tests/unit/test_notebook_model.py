@@ -287,7 +287,8 @@ def test_without_a_parameters_cell_injection_goes_first_and_respects_old_formats
     nb = _nb_with(nbformat.v4.new_code_cell("x"), minor=4)
     for cell in nb.cells:
         del cell["id"]
-    inject_parameters(nb, {"x": 1})
+    with pytest.warns(UserWarning, match="no cell tagged 'parameters'"):
+        inject_parameters(nb, {"x": 1})
     assert nb.cells[0].source.endswith("x = 1\n")
     assert "id" not in nb.cells[0]
     nbformat.validate(nb)
@@ -298,8 +299,10 @@ def test_without_a_parameters_cell_injection_goes_first_and_respects_old_formats
     [({"not valid": 1}, "identifier"), ({"class": 1}, "identifier"), ({"f": object()}, "literal")],
 )
 def test_bad_parameters_are_refused(params: dict[str, Any], message: str) -> None:
+    params_cell = nbformat.v4.new_code_cell("x = 0")
+    params_cell.metadata["tags"] = ["parameters"]
     with pytest.raises(ValueError, match=message):
-        inject_parameters(_nb_with(), params)
+        inject_parameters(_nb_with(params_cell), params)
 
 
 # -- the command line and result display ------------------------------------------------------
