@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gateway_servers import Gateway
@@ -82,11 +82,13 @@ def test_timeout_interrupts_and_keeps_state(ex: KernelExecutor) -> None:
     assert ex.execute("print(kept)").output.strip() == "yes"  # interrupted, not restarted
 
 
-def test_interrupt_from_another_thread(ex: KernelExecutor) -> None:
-    timer = threading.Timer(1.0, ex.interrupt)
-    timer.start()
-    r = ex.execute("import time\nfor _ in range(600): time.sleep(0.1)")
-    timer.join()
+def test_interrupt_from_another_thread(ex: KernelExecutor, interrupt_on_marker: Any) -> None:
+    interrupter = interrupt_on_marker(ex, "looping")
+    r = ex.execute(
+        "import time\nprint('looping', flush=True)\nfor _ in range(600): time.sleep(0.1)",
+        timeout=60,
+    )
+    interrupter.join(60)
     assert r.error is not None and r.error.ename == "KeyboardInterrupt"
 
 

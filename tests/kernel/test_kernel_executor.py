@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,29 +51,9 @@ def test_dataframe_example_from_the_issue(ex: KernelExecutor) -> None:
     assert any(p.suffix == ".png" for p in r.files), r.files
 
 
-def interrupt_on_marker(ex: KernelExecutor, marker: str) -> threading.Thread:
-    """A thread that interrupts ``ex`` once its running block prints ``marker`` (no sleeps)."""
-    seen = threading.Event()
-
-    def watch(output: dict[str, Any]) -> None:
-        if output.get("output_type") == "stream" and marker in output.get("text", ""):
-            seen.set()
-
-    ex.aio.on_output = watch
-
-    def interrupt() -> None:
-        try:
-            if seen.wait(30):
-                ex.interrupt()
-        finally:
-            ex.aio.on_output = None
-
-    thread = threading.Thread(target=interrupt)
-    thread.start()
-    return thread
-
-
-def test_interrupt_stops_a_block_and_keeps_state(ex: KernelExecutor) -> None:
+def test_interrupt_stops_a_block_and_keeps_state(
+    ex: KernelExecutor, interrupt_on_marker: Any
+) -> None:
     ex.execute("kept = 'yes'")
     interrupter = interrupt_on_marker(ex, "looping")
     started = time.monotonic()
