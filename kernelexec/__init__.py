@@ -20,10 +20,12 @@ if TYPE_CHECKING:
         DockerUnavailable,
         ExecutionTimeout,
         ExecutorClosed,
+        FileTooLarge,
         GatewayAuthError,
         GatewayUnavailable,
         ImageNotFound,
         InvalidBlock,
+        InvalidPath,
         KernelDied,
         KernelExecError,
         KernelStartFailed,
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     )
     from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
+    from ._files import FileEntry
     from ._kernel import AsyncKernelExecutor, KernelExecutor
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
@@ -81,12 +84,15 @@ _LAZY: dict[str, str] = {
     "ExecutionTimeout": "._errors",
     "ExecutorClosed": "._errors",
     "ExecutorOptions": "._executor",
+    "FileEntry": "._files",
+    "FileTooLarge": "._errors",
     "GatewayAuthError": "._errors",
     "GatewayKernel": ".backends.gateway_kernel",
     "GatewayOptions": ".backends.gateway_kernel",
     "GatewayUnavailable": "._errors",
     "ImageNotFound": "._errors",
     "InvalidBlock": "._errors",
+    "InvalidPath": "._errors",
     "KernelBackend": ".backends.base",
     "KernelDied": "._errors",
     "KernelExecError": "._errors",
@@ -137,12 +143,15 @@ __all__ = [
     "ExecutionTimeout",
     "ExecutorClosed",
     "ExecutorOptions",
+    "FileEntry",
+    "FileTooLarge",
     "GatewayAuthError",
     "GatewayKernel",
     "GatewayOptions",
     "GatewayUnavailable",
     "ImageNotFound",
     "InvalidBlock",
+    "InvalidPath",
     "KernelBackend",
     "KernelDied",
     "KernelExecError",

@@ -16,6 +16,8 @@ callers can catch broadly::
     ├── ReentrantCall               + RuntimeError   (a sync front called from its own loop thread)
     ├── UnknownExecutor             + ValueError     (a name the executor registry does not know)
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
+    ├── InvalidPath                 + ValueError     (a files-API path outside the work dir)
+    ├── FileTooLarge                + ValueError     (a file past the remote transfer limit)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
@@ -81,6 +83,14 @@ class UnknownExecutor(KernelExecError, ValueError):
 
 class InvalidBlock(KernelExecError, ValueError):
     """A code block cannot be run as given (bad ``# filename:``, unsupported language)."""
+
+
+class InvalidPath(KernelExecError, ValueError):
+    """A path given to the files API is not a path inside the work dir."""
+
+
+class FileTooLarge(KernelExecError, ValueError):
+    """A file is bigger than the limit for moving it through a remote kernel."""
 
 
 class NotebookError(KernelExecError, ValueError):

@@ -27,6 +27,7 @@ from nbformat import NotebookNode
 from ._budget import DEFAULT_OUTPUT_LIMIT
 from ._errors import ExecutorClosed, InvalidBlock
 from ._extract import MarkdownCodeExtractor, normalize_language
+from ._files import FileEntry, FileStore, LocalFiles
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
@@ -37,6 +38,8 @@ OutputCallback = Callable[[NbOutput], None]
 
 # Work dirs with fewer files than this are scanned on the event loop (see ``_snapshot``).
 _INLINE_SNAPSHOT_ENTRIES = 500
+
+_T = TypeVar("_T")
 
 NO_BLOCKS_MESSAGE = "No code blocks found in the message; nothing was run."
 
@@ -175,6 +178,59 @@ class AsyncExecutor(ABC):
     def save_notebook(self, path: str | os.PathLike[str]) -> Path:
         """Write the session notebook to ``path`` atomically; returns the absolute path."""
         return self._notebook.save(path)
+
+    # -- files in and out (paths relative to the work dir, confined to it) ---------------------
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file in the work dir."""
+        return await self._with_files(lambda store: store.read(path))
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` (str is written as UTF-8) to a file in the work dir, atomically."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        await self._with_files(lambda store: store.write(path, raw))
+
+    async def list_files(self, path: str = ".") -> list[FileEntry]:
+        """The entries of a folder of the work dir (kernelexec's own ``.kernelexec`` hidden)."""
+        return await self._with_files(lambda store: store.listing(path))
+
+    async def upload(self, local_path: str | os.PathLike[str], dest: str | None = None) -> str:
+        """Copy a host file into the work dir (as ``dest``, default its name); returns ``dest``."""
+        source = Path(local_path)
+        name = dest or source.name
+        store = self._file_store()
+        if isinstance(store, LocalFiles):
+            await self._with_files(lambda _: store.copy_in(source, name))
+        else:
+            data = await asyncio.to_thread(source.read_bytes)
+            await self._with_files(lambda s: s.write(name, data))
+        return name
+
+    async def download(self, path: str, local_path: str | os.PathLike[str]) -> Path:
+        """Copy a work-dir file to the host (to ``local_path``, or into it if a folder)."""
+        target = Path(local_path)
+        if target.is_dir():
+            target = target / Path(path).name
+        store = self._file_store()
+        if isinstance(store, LocalFiles):
+            await self._with_files(lambda _: store.copy_out(path, target))
+        else:
+            data = await self._with_files(lambda s: s.read(path))
+            await asyncio.to_thread(_write_host_file, target, data)
+        return target.absolute()
+
+    def _file_store(self) -> FileStore:
+        """Where the files are; a kernel on another machine overrides this."""
+        return LocalFiles(self._work_dir)
+
+    async def _with_files(self, op: Callable[[FileStore], Awaitable[_T]]) -> _T:
+        self._check_open()
+        store = self._file_store()
+        if not store.through_kernel:  # the disk is shared: no need to wait for a block
+            return await op(store)
+        async with self._lock:  # requests through the kernel queue behind blocks, in order
+            self._check_open()
+            await self._ensure_started()
+            return await op(store)
 
     @property
     @abstractmethod
@@ -357,7 +413,11 @@ class AsyncExecutor(ABC):
 
 
 _A = TypeVar("_A", bound=AsyncExecutor)
-_T = TypeVar("_T")
+
+
+def _write_host_file(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
 
 
 class SyncExecutor(SyncFront[_A]):
@@ -397,6 +457,26 @@ class SyncExecutor(SyncFront[_A]):
     @property
     def timeout(self) -> float:
         return self._core.timeout
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of a file in the work dir."""
+        return self._call(self._core.read_file, path)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` (str as UTF-8) to a file in the work dir, atomically."""
+        self._call(self._core.write_file, path, data)
+
+    def list_files(self, path: str = ".") -> list[FileEntry]:
+        """The entries of a folder of the work dir."""
+        return self._call(self._core.list_files, path)
+
+    def upload(self, local_path: str | os.PathLike[str], dest: str | None = None) -> str:
+        """Copy a host file into the work dir; returns its path there."""
+        return self._call(self._core.upload, local_path, dest)
+
+    def download(self, path: str, local_path: str | os.PathLike[str]) -> Path:
+        """Copy a work-dir file to the host; returns where it was written."""
+        return self._call(self._core.download, path, local_path)
 
     @property
     def closed(self) -> bool:

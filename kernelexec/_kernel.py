@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import KernelDied, KernelStartFailed
+from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends.base import KernelBackend
@@ -147,6 +148,27 @@ class AsyncKernelExecutor(AsyncExecutor):
         if reply.get("status") != "ok":
             detail = f"{reply.get('ename')}: {reply.get('evalue')}"
             raise KernelStartFailed(f"the kernel's set-up code failed ({detail})")
+
+    def _file_store(self) -> FileStore:
+        if self.backend.shares_work_dir:
+            return super()._file_store()
+        return KernelFiles(self._evaluate, self.backend.workspace or str(self.work_dir))
+
+    async def _evaluate(self, code: str, expression: str) -> str:
+        """Run ``code`` silently, then return ``expression``'s text/plain (kernelexec's own)."""
+        client = self.backend.client
+        msg_id = client.execute(
+            code, silent=True, store_history=False, user_expressions={"r": expression}
+        )
+        try:
+            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise ExecutionTimeout(f"the kernel did not answer within {self.timeout} s") from exc
+        value = (reply.get("user_expressions") or {}).get("r") or {}
+        if reply.get("status") != "ok" or value.get("status") != "ok":
+            detail = value.get("evalue") or reply.get("evalue") or "no answer"
+            raise KernelExecError(f"the kernel could not carry out a file operation: {detail}")
+        return str(value["data"]["text/plain"])
 
     async def _ensure_workspace(self) -> None:
         """A block may have deleted the work dir: recreate it and put the kernel back in it."""

@@ -69,6 +69,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"kernelexec: no such file: {args.file}", file=sys.stderr)
             return 2
         text, name = path.read_text(encoding="utf-8", errors="replace"), args.file
+    missing = [u for u in args.upload if not Path(u).is_file()]
+    if missing:
+        print(f"kernelexec: no such file to upload: {missing[0]}", file=sys.stderr)
+        return 2
     blocks = blocks_from_source(text, name)
     # Without --work-dir, run in a fresh temp dir that is kept only if the blocks left files
     # there: the result names them, so they must still exist when the command returns.
@@ -97,6 +101,8 @@ def _run_blocks(args: argparse.Namespace, blocks: list[CodeBlock], work: Path) -
     live = None if args.json else LiveView(sys.stdout, colour=sys.stdout.isatty())
     results: list[ExecutionResult] = []
     with _executor_from(args, work_dir=work, on_output=live) as executor:
+        for upload in args.upload:
+            executor.upload(upload)
         for number, block in enumerate(blocks, 1):
             if live is not None:
                 print(block_header(number, len(blocks), block.language), flush=True)
@@ -120,6 +126,7 @@ executors (--executor NAME):
 examples:
   kernelexec run message.md                         run a message's blocks in a local kernel
   kernelexec run analysis.py --executor docker-kernel --timeout 120
+  kernelexec run --upload data.csv message.md       the blocks read data.csv from the work dir
   echo '```python
   print(6 * 7)
   ```' | kernelexec run - --json                    one JSON document, a result per block
@@ -145,6 +152,13 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("file", help="a markdown message, a .py or .sh file, or - for stdin")
     _add_executor_options(run)
     run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="copy FILE into the work dir before the blocks run (repeatable)",
+    )
     run.set_defaults(func=cmd_run)
 
 

@@ -52,3 +52,72 @@ def interrupt_on_marker() -> Iterator[InterruptOnMarker]:
         seen.set()  # a block that never printed the marker must not leave the thread waiting
         thread.join(60)
         executor.aio.on_output = None
+
+
+FilesContract = Callable[[Any, Path], None]
+
+
+def _check_files(ex: Any, landed: Path) -> None:
+    """The files API on any sync executor whose files physically live in ``landed``."""
+    import os
+
+    from kernelexec import ExecutorClosed, InvalidPath  # noqa: F401  (names the tree's errors)
+
+    ex.write_file("notes/hello.txt", "héllo\n")
+    assert (landed / "notes" / "hello.txt").read_text(encoding="utf-8") == "héllo\n"
+    assert ex.read_file("notes/hello.txt") == "héllo\n".encode()
+    blob = os.urandom(2_500_000)  # more than two 1 MiB chunks on a remote kernel
+    ex.write_file("data.bin", blob)
+    assert ex.read_file("data.bin") == blob
+    ex.write_file("empty", b"")
+    assert ex.read_file("empty") == b""
+    # code sees what was written, and the API sees what code wrote
+    r = ex.execute("print(open('notes/hello.txt', encoding='utf-8').read().upper(), end='')")
+    assert r.output == "HÉLLO\n", r.output
+    assert ex.execute("open('made.txt', 'w').write('by code')").exit_code == 0
+    assert ex.read_file("made.txt") == b"by code"
+    listing = {e.path: e for e in ex.list_files()}
+    assert listing["notes"].is_dir and not listing["data.bin"].is_dir
+    assert listing["data.bin"].size == len(blob)
+    assert ".kernelexec" not in listing
+    assert [e.path for e in ex.list_files("notes")] == ["notes/hello.txt"]
+    for bad in ("../outside.txt", "/etc/passwd", "notes/../../x", "", "a\x00b"):
+        with pytest.raises(InvalidPath):
+            ex.read_file(bad)
+        with pytest.raises(InvalidPath):
+            ex.write_file(bad, b"x")
+    (landed / "link").symlink_to("/etc")
+    with pytest.raises(InvalidPath):
+        ex.read_file("link/hostname")
+    with pytest.raises(FileNotFoundError):
+        ex.read_file("missing.txt")
+    with pytest.raises(IsADirectoryError):
+        ex.read_file("notes")
+    assert ex.execute("print(2 + 2)").output.strip() == "4"  # still usable after the refusals
+
+
+@pytest.fixture
+def files_contract() -> FilesContract:
+    """``check(executor, landed)``: the files API contract, shared by every back end's tests."""
+    return _check_files
+
+
+@pytest.fixture
+def transfer_roundtrip(tmp_path: Path) -> Callable[[Any], None]:
+    """``check(executor)``: upload a host file and download it back, byte for byte."""
+    import os
+
+    def check(ex: Any) -> None:
+        source = tmp_path / "upload-me.bin"
+        source.write_bytes(os.urandom(300_000))
+        assert ex.upload(source) == "upload-me.bin"
+        assert ex.upload(source, "in/copy.bin") == "in/copy.bin"
+        assert ex.read_file("in/copy.bin") == source.read_bytes()
+        out = tmp_path / "back"
+        out.mkdir()
+        got = ex.download("in/copy.bin", out)
+        assert got == out / "copy.bin" and got.read_bytes() == source.read_bytes()
+        renamed = ex.download("upload-me.bin", tmp_path / "renamed.bin")
+        assert renamed.read_bytes() == source.read_bytes()
+
+    return check

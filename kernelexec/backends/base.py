@@ -110,6 +110,9 @@ class KernelBackend(ABC):
     kind: str = "kernel"
     #: as for ``CommandBackend``: False for kernels that do not run in this host's environment
     inherits_host_env: bool = True
+    #: False for a kernel on another machine: its work dir is not the host's, so files move
+    #: through the kernel itself
+    shares_work_dir: bool = True
 
     @property
     def workspace(self) -> str | None:

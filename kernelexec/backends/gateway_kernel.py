@@ -61,6 +61,9 @@ class GatewayKernel(KernelBackend):
 
     kind = "gateway-kernel"
     inherits_host_env = False
+    # Shared only sometimes (localhost, a shared volume) and there is no way to tell: the
+    # files API goes through the kernel, which is right either way.
+    shares_work_dir = False
 
     def __init__(
         self,

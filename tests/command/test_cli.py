@@ -157,3 +157,25 @@ def test_usage_errors(args: list[str]) -> None:
     proc = kx(*args)
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
+
+
+def test_upload_files_before_the_blocks(tmp_path: Path) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n3,4\n")
+    message = tmp_path / "message.md"
+    message.write_text("```python\nprint(sum(1 for _ in open('data.csv')))\n```\n")
+    work = tmp_path / "work"
+    proc = run("--upload", str(data), str(message), "--work-dir", str(work))
+    assert proc.returncode == 0, proc.stderr
+    assert "\n3\n" in proc.stdout
+    assert (work / "data.csv").read_text() == data.read_text()
+
+
+def test_upload_of_a_missing_file_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    message = tmp_path / "message.md"
+    message.write_text("```python\nopen('ran', 'w')\n```\n")
+    work = tmp_path / "work"
+    proc = run("--upload", str(tmp_path / "nope.csv"), str(message), "--work-dir", str(work))
+    assert proc.returncode == 2
+    assert "no such file to upload" in proc.stderr and "nope.csv" in proc.stderr
+    assert not (work / "ran").exists()

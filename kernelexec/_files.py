@@ -1,0 +1,234 @@
+"""Files in and out of an executor's work dir: read, write, list, upload, download.
+
+Two stores behind one shape. ``LocalFiles`` works on the work dir directly: the local back ends
+and both Docker back ends (the work dir is bind-mounted) share the disk with the host.
+``KernelFiles`` goes through the kernel over the Jupyter protocol, for a kernel on another
+machine (a gateway): data travels base64-encoded in chunks, with a size limit, using silent
+requests that leave no history and no outputs.
+
+Every path is relative to the work dir and confined to it, as a block's ``# filename:`` is:
+absolute paths, ``..`` and symlinks leading out are refused with ``InvalidPath``.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import json
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ._errors import FileTooLarge, InvalidPath
+
+#: Largest file moved through a remote kernel (bytes); past it, ``FileTooLarge``.
+DEFAULT_TRANSFER_LIMIT = 100 * 1024 * 1024
+# Raw bytes per protocol message (base64 makes it a third bigger on the wire).
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    """One entry of ``list_files``: its path relative to the work dir, size, and kind."""
+
+    path: str
+    size: int
+    is_dir: bool
+
+
+class FileStore(Protocol):
+    """Where an executor's files live, as seen from the host."""
+
+    #: True when each operation needs the kernel (serialised with blocks)
+    through_kernel: bool
+
+    async def read(self, path: str) -> bytes: ...
+    async def write(self, path: str, data: bytes) -> None: ...
+    async def listing(self, path: str) -> list[FileEntry]: ...
+
+
+def _check_relative(path: str) -> None:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidPath(f"invalid path: {path!r}")
+    if os.path.isabs(path) or path.startswith("~"):
+        raise InvalidPath(f"path must be relative to the work dir: {path}")
+
+
+def confine(root: Path, path: str, *, allow_root: bool = False) -> Path:
+    """``path`` resolved under ``root`` (symlinks followed); refuse anything outside it."""
+    _check_relative(path)
+    base = root.resolve()
+    target = (base / path).resolve()
+    if target != base and base not in target.parents:
+        raise InvalidPath(f"path escapes the work dir: {path}")
+    if target == base and not allow_root:
+        raise InvalidPath(f"path names the work dir itself: {path}")
+    return target
+
+
+class LocalFiles:
+    """The work dir on the host's disk (local and Docker back ends)."""
+
+    through_kernel = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def read(self, path: str) -> bytes:
+        return await asyncio.to_thread(confine(self.root, path).read_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        target = confine(self.root, path)
+        await asyncio.to_thread(_write_atomically, target, data)
+
+    async def listing(self, path: str) -> list[FileEntry]:
+        target = confine(self.root, path, allow_root=True)
+        return await asyncio.to_thread(_list_dir, self.root.resolve(), target)
+
+    async def copy_in(self, source: Path, path: str) -> None:
+        """Stream a host file in (no size limit: nothing is held in memory)."""
+        target = confine(self.root, path)
+        await asyncio.to_thread(_copy_file, source, target)
+
+    async def copy_out(self, path: str, dest: Path) -> None:
+        await asyncio.to_thread(_copy_file, confine(self.root, path), dest)
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.kx-partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    if source.is_dir():
+        raise IsADirectoryError(f"{source} is a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def _list_dir(root: Path, target: Path) -> list[FileEntry]:
+    if not target.exists():
+        raise FileNotFoundError(f"no such file or directory in the work dir: {target.name}")
+    paths = [target] if target.is_file() else sorted(target.iterdir())
+    entries = []
+    for p in paths:
+        if p.name == ".kernelexec" and p.parent == root:  # kernelexec's own files
+            continue
+        stat = p.stat()
+        rel = p.relative_to(root).as_posix()
+        entries.append(FileEntry(path=rel, size=stat.st_size, is_dir=p.is_dir()))
+    return entries
+
+
+# -- through the kernel -----------------------------------------------------------------------
+# Runs in the kernel: one function, a JSON string back. Errors come back as data (never as a
+# kernel error output), so a failed transfer cannot disturb the session.
+_KERNEL_HELPER = r"""
+def __kx_files__(op, root, path, *args):
+    import base64, json, os
+    def out(**kw):
+        return json.dumps(kw)
+    base = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(base, path))
+    if target != base and not target.startswith(base.rstrip(os.sep) + os.sep):
+        return out(error="InvalidPath", message="path escapes the work dir: " + path)
+    try:
+        if op == "size":
+            if os.path.isdir(target):
+                return out(error="IsADirectoryError", message=path + " is a directory")
+            return out(size=os.path.getsize(target))
+        if op == "read":
+            with open(target, "rb") as f:
+                f.seek(args[0])
+                return out(data=base64.b64encode(f.read(args[1])).decode())
+        if op == "write":
+            os.makedirs(os.path.dirname(target) or base, exist_ok=True)
+            with open(target + ".kx-partial", "ab" if args[1] else "wb") as f:
+                f.write(base64.b64decode(args[0]))
+            return out(ok=True)
+        if op == "commit":
+            os.replace(target + ".kx-partial", target)
+            return out(ok=True)
+        if op == "list":
+            names = [""] if os.path.isfile(target) else sorted(os.listdir(target))
+            rows = []
+            for n in names:
+                p = os.path.join(target, n) if n else target
+                if n == ".kernelexec" and target == base:
+                    continue
+                rows.append([os.path.relpath(p, base), os.path.getsize(p), os.path.isdir(p)])
+            return out(entries=rows)
+        return out(error="ValueError", message="unknown operation " + op)
+    except OSError as e:
+        kind = type(e).__name__ if type(e).__name__ in (
+            "FileNotFoundError", "IsADirectoryError", "NotADirectoryError", "PermissionError"
+        ) else "OSError"
+        return out(error=kind, message=str(e))
+"""
+
+_ERRORS: dict[str, type[Exception]] = {
+    "InvalidPath": InvalidPath,
+    "FileNotFoundError": FileNotFoundError,
+    "IsADirectoryError": IsADirectoryError,
+    "NotADirectoryError": NotADirectoryError,
+    "PermissionError": PermissionError,
+}
+
+#: Runs ``code`` silently in the kernel, then evaluates ``expression``; returns its text/plain.
+Evaluate = Callable[[str, str], Awaitable[str]]
+
+
+class KernelFiles:
+    """The work dir of a kernel on another machine, reached through the kernel itself."""
+
+    through_kernel = True
+
+    def __init__(self, evaluate: Evaluate, root: str, *, limit: int = DEFAULT_TRANSFER_LIMIT):
+        self._evaluate = evaluate
+        self.root = root
+        self.limit = limit
+
+    async def read(self, path: str) -> bytes:
+        _check_relative(path)
+        size = (await self._op("size", path))["size"]
+        self._check_size(path, size)
+        chunks = []
+        for offset in range(0, size, _CHUNK) if size else ():
+            answer = await self._op("read", path, offset, _CHUNK)
+            chunks.append(base64.b64decode(answer["data"]))
+        return b"".join(chunks)
+
+    async def write(self, path: str, data: bytes) -> None:
+        _check_relative(path)
+        self._check_size(path, len(data))
+        for i, offset in enumerate(range(0, max(len(data), 1), _CHUNK)):
+            chunk = base64.b64encode(data[offset : offset + _CHUNK]).decode()
+            await self._op("write", path, chunk, i > 0)
+        await self._op("commit", path)
+
+    async def listing(self, path: str) -> list[FileEntry]:
+        if path != ".":
+            _check_relative(path)
+        rows = (await self._op("list", path))["entries"]
+        return [FileEntry(path=str(p), size=int(s), is_dir=bool(d)) for p, s, d in rows]
+
+    def _check_size(self, path: str, size: int) -> None:
+        if size > self.limit:
+            raise FileTooLarge(
+                f"{path} is {size} bytes, past the {self.limit}-byte limit for files moved "
+                "through a remote kernel"
+            )
+
+    async def _op(self, op: str, path: str, *args: Any) -> dict[str, Any]:
+        call = ", ".join(repr(a) for a in (op, self.root, path, *args))
+        text = await self._evaluate(_KERNEL_HELPER, f"__kx_files__({call})")
+        answer: dict[str, Any] = json.loads(ast.literal_eval(text))
+        if "error" in answer:
+            raise _ERRORS.get(answer["error"], OSError)(answer["message"])
+        return answer
