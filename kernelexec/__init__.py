@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .backends.base import CommandBackend, CommandOutcome, KernelBackend
     from .backends.docker_command import DockerCommand
     from .backends.docker_kernel import DockerKernel
+    from .backends.fork_kernel import ForkKernel, stop_fork_servers
     from .backends.gateway_kernel import GatewayKernel, GatewayOptions
     from .backends.local_command import LocalCommand
     from .backends.local_kernel import LocalKernel
@@ -86,6 +87,7 @@ _LAZY: dict[str, str] = {
     "ExecutorOptions": "._executor",
     "FileEntry": "._files",
     "FileTooLarge": "._errors",
+    "ForkKernel": ".backends.fork_kernel",
     "GatewayAuthError": "._errors",
     "GatewayKernel": ".backends.gateway_kernel",
     "GatewayOptions": ".backends.gateway_kernel",
@@ -120,6 +122,7 @@ _LAZY: dict[str, str] = {
     "normalize_language": "._extract",
     "run_notebook": "._notebook",
     "run_notebook_async": "._notebook",
+    "stop_fork_servers": ".backends.fork_kernel",
 }
 
 __all__ = [
@@ -145,6 +148,7 @@ __all__ = [
     "ExecutorOptions",
     "FileEntry",
     "FileTooLarge",
+    "ForkKernel",
     "GatewayAuthError",
     "GatewayKernel",
     "GatewayOptions",
@@ -180,6 +184,7 @@ __all__ = [
     "normalize_language",
     "run_notebook",
     "run_notebook_async",
+    "stop_fork_servers",
 ]
 
 

@@ -49,6 +49,14 @@ def _kernel(**options: Any) -> AsyncExecutor:
     return AsyncKernelExecutor(**options)
 
 
+def _fork_kernel(**options: Any) -> AsyncExecutor:
+    from ._kernel import AsyncKernelExecutor
+    from .backends.fork_kernel import ForkKernel
+
+    extra = {k: options.pop(k) for k in ("warm_up", "python") if k in options}
+    return AsyncKernelExecutor(ForkKernel(**extra), **options)
+
+
 def _docker_backend_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the ``DockerOptions`` fields (and ``options=``) out of ``options``."""
     from .backends._docker_options import DockerOptions
@@ -92,6 +100,12 @@ _ENTRIES = (
     ExecutorEntry(name="kernel", stateful=True, summary="a local IPython kernel", build=_kernel),
     ExecutorEntry(
         name="command", stateful=False, summary="a local process per block", build=_command
+    ),
+    ExecutorEntry(
+        name="fork-kernel",
+        stateful=True,
+        summary="a local kernel forked from a warm server (starts in tens of ms)",
+        build=_fork_kernel,
     ),
     ExecutorEntry(
         name="docker-kernel",

@@ -9,13 +9,21 @@ from typing import Any
 
 import pytest
 
-from kernelexec import CodeBlock, CommandLineExecutor, ExecutorClosed, KernelExecutor
+from kernelexec import (
+    CodeBlock,
+    CommandLineExecutor,
+    ExecutorClosed,
+    KernelExecutor,
+    make_executor,
+)
 from kernelexec._executor import SyncExecutor
 
-KINDS = ["command", "kernel"]
+KINDS = ["command", "kernel", "fork-kernel"]
 
 
 def make(kind: str, work_dir: Path, **options: Any) -> SyncExecutor[Any]:
+    if kind == "fork-kernel":
+        return make_executor(kind, work_dir=work_dir, timeout=30, **options)
     factory = CommandLineExecutor if kind == "command" else KernelExecutor
     return factory(work_dir=work_dir, timeout=30, **options)
 

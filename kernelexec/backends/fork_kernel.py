@@ -1,0 +1,298 @@
+"""Kernels forked from a warm server: a local kernel in tens of milliseconds, not hundreds.
+
+A cold kernel spends most of its start importing ipykernel, IPython, zmq and tornado. A fork
+server (``_fork_server.py``) imports them once, plus an optional warm-up list (numpy, pandas,
+matplotlib...), and forks a fresh kernel per request: the child binds its own sockets and runs a
+normal IPython kernel, so everything a local kernel promises holds (interrupt keeps state, restart,
+death noticed, timeouts). Pages imported before the fork are shared copy-on-write, so an idle
+kernel costs a fraction of a cold one's memory.
+
+One server per (interpreter, warm-up list) per process, started by the first executor that asks,
+shared by the rest, and ended with the process (its kernels watch it and end with it). A server
+that died is replaced on the next request, with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.connect import write_connection_file
+
+from .._errors import BackendUnavailable, KernelStartFailed
+from ._ready import NotReady, wait_bound, wait_ready
+from .base import KernelBackend, KernelClientLike
+from .local_command import resolve_python
+
+_log = logging.getLogger("kernelexec")
+_SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
+_SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
+
+
+class _ForkServer:
+    """One running server process, talked to over its stdin/stdout pipes (one line each way)."""
+
+    def __init__(self, python: str, warm_up: tuple[str, ...], start_timeout: float) -> None:
+        self.python, self.warm_up = python, warm_up
+        self._lock = threading.Lock()  # requests from any thread / event loop, one at a time
+        self._proc = subprocess.Popen(
+            [python, str(_SERVER_SCRIPT), *warm_up],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # a terminal's Ctrl-C is not for it
+        )
+        answer = self._read(start_timeout)
+        if "ready" not in answer:
+            self.stop()
+            raise BackendUnavailable(str(answer.get("error", "the fork server did not start")))
+        self.pid = int(answer["ready"])
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def fork(self, request: Mapping[str, Any], timeout: float) -> int:
+        with self._lock:
+            stdin = self._proc.stdin
+            assert stdin is not None
+            try:
+                stdin.write(json.dumps(dict(request)) + "\n")
+                stdin.flush()
+            except (BrokenPipeError, OSError) as exc:
+                raise BackendUnavailable("the fork server is gone") from exc
+            answer = self._read(timeout)
+        if "pid" not in answer:
+            raise KernelStartFailed(f"the fork server could not fork: {answer.get('error')}")
+        return int(answer["pid"])
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        stdout: IO[str] | None = self._proc.stdout
+        assert stdout is not None
+        reader = _Line(stdout)
+        line = reader.get(timeout)
+        if line is None:
+            self._proc.kill()  # a server that does not answer is broken: the next one is new
+            raise BackendUnavailable(f"the fork server did not answer within {timeout:g} s")
+        if not line:
+            return {"error": f"the fork server exited (status {self._proc.poll()})"}
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()  # end of input: the server ends, its kernels follow
+        try:
+            self._proc.wait(2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class _Line:
+    """Read one line with a deadline (a thread per read: the server's answer is immediate)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._line: str | None = None
+        self._done = threading.Event()
+
+    def get(self, timeout: float) -> str | None:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        self._done.wait(timeout)
+        return self._line
+
+    def _run(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self._line = self._stream.readline()
+        self._done.set()
+
+
+_servers: dict[tuple[str, tuple[str, ...]], _ForkServer] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(python: str, warm_up: tuple[str, ...], timeout: float) -> _ForkServer:
+    with _servers_lock:
+        key = (python, warm_up)
+        server = _servers.get(key)
+        if server is not None and not server.alive:
+            _log.warning("the fork server (pid %s) died; starting a new one", server.pid)
+            server.stop()
+            server = None
+        if server is None:
+            server = _servers[key] = _ForkServer(python, warm_up, timeout)
+        return server
+
+
+def stop_fork_servers() -> None:
+    """End every fork server of this process (and so their kernels). Called at exit; call it
+    yourself after the Python environment changed, so the next kernel sees the change."""
+    with _servers_lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for server in servers:
+        server.stop()
+
+
+atexit.register(stop_fork_servers)
+
+
+class ForkKernel(KernelBackend):
+    """A kernel forked from a warm server process on this machine."""
+
+    kind = "fork-kernel"
+
+    def __init__(
+        self,
+        *,
+        warm_up: Sequence[str] = (),
+        python: str | os.PathLike[str] | None = None,
+        shutdown_wait: float = _SHUTDOWN_WAIT,
+    ) -> None:
+        self.warm_up = tuple(warm_up)
+        self.python = sys.executable if python is None else resolve_python(python)
+        self.shutdown_wait = shutdown_wait
+        self._kc: AsyncKernelClient | None = None
+        self._pid: int | None = None
+        self._server_pid: int | None = None
+        self._dir: str | None = None
+        self._work_dir: Path | None = None
+        self._env: dict[str, str] = {}
+
+    @property
+    def client(self) -> KernelClientLike:
+        if self._kc is None:
+            raise KernelStartFailed("the kernel is not running")
+        return self._kc
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel process id (None when no kernel runs)."""
+        return self._pid
+
+    async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        self._work_dir, self._env = work_dir, dict(env)
+        await self._launch(timeout)
+
+    async def _launch(self, timeout: float) -> None:
+        try:
+            await self._fork(timeout)
+            await self._connect(timeout)
+        except BaseException:
+            await self._stop(polite=False)  # nothing half-started is left behind
+            raise
+
+    async def _fork(self, timeout: float) -> None:
+        server = await asyncio.to_thread(_server, self.python, self.warm_up, max(timeout, 30))
+        self._server_pid = server.pid
+        # IPC sockets in a private folder, as for a local kernel: no TCP port, no other user.
+        self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
+        connection_file = os.path.join(self._dir, "kernel.json")
+        write_connection_file(connection_file, transport="ipc", ip=os.path.join(self._dir, "k"))
+        request = {
+            "connection_file": connection_file,
+            "cwd": str(self._work_dir),
+            "env": self._env,
+            "log": os.path.join(self._dir, "kernel.log"),
+        }
+        self._pid = await asyncio.to_thread(server.fork, request, timeout)
+
+    async def _connect(self, timeout: float) -> None:
+        assert self._dir is not None
+        self._kc = kc = AsyncKernelClient(connection_file=os.path.join(self._dir, "kernel.json"))
+        kc.load_connection_file()
+        deadline = time.monotonic() + timeout
+        try:
+            await wait_bound(_socket_files(kc), deadline, self._running)
+            kc.start_channels(hb=False)  # liveness comes from the process itself
+            await wait_ready(kc, deadline, self._running)
+        except NotReady as exc:
+            detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
+            raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
+
+    async def interrupt(self) -> None:
+        if self._pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._pid, signal.SIGINT)
+
+    async def restart(self, *, timeout: float) -> None:
+        await self._stop(polite=False)  # state is lost either way
+        await self._launch(timeout)
+
+    async def is_alive(self) -> bool:
+        return self._running()
+
+    def death_reason(self) -> str | None:
+        if self._pid is None or self._running():
+            return None
+        return "the kernel process exited"
+
+    async def shutdown(self) -> None:
+        await self._stop(polite=True)
+
+    def _running(self) -> bool:
+        """Alive and not a zombie (the server reaps its children, but not instantly)."""
+        if self._pid is None:
+            return False
+        try:
+            with open(f"/proc/{self._pid}/stat", encoding="ascii") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X")
+
+    async def _stop(self, *, polite: bool) -> None:
+        kc, self._kc = self._kc, None
+        pid, self._pid = self._pid, None
+        try:
+            if kc is not None and polite and pid is not None:
+                with contextlib.suppress(RuntimeError, OSError):
+                    kc.shutdown()
+                    await _wait_gone(pid, self.shutdown_wait)
+            if kc is not None:
+                kc.stop_channels()
+                kc.context.destroy(linger=0)  # the client made it; nothing else shares it
+        finally:
+            if pid is not None:
+                # The kernel leads its own process group: whatever a block started in it goes too.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            folder, self._dir = self._dir, None
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _socket_files(kc: AsyncKernelClient) -> list[str]:
+    ports = (kc.shell_port, kc.iopub_port, kc.stdin_port, kc.control_port)
+    return [f"{kc.ip}-{port}" for port in ports]
+
+
+async def _wait_gone(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.01)

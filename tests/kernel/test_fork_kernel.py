@@ -1,0 +1,223 @@
+"""ForkKernel: kernels forked from a warm server keep every promise a local kernel makes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelexec import (
+    AsyncKernelPool,
+    BackendUnavailable,
+    ForkKernel,
+    KernelExecutor,
+    PoolOptions,
+    make_executor,
+    stop_fork_servers,
+)
+from kernelexec.backends import fork_kernel
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _gone_within(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture(scope="module")
+def ex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
+    work = tmp_path_factory.mktemp("fork")
+    with make_executor("fork-kernel", work_dir=work, timeout=30) as executor:
+        assert isinstance(executor, KernelExecutor)
+        yield executor
+
+
+def test_state_cwd_env_and_a_figure(ex: KernelExecutor) -> None:
+    assert ex.execute("import os; value = 41").ok
+    assert ex.execute("value + 1").output == "42"
+    assert ex.execute("print(os.getcwd())").output.strip() == str(ex.work_dir)
+    r = ex.execute("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.show()")
+    (png,) = (p for p in r.files if p.suffix == ".png")
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_kernel_is_its_own_process_and_group(ex: KernelExecutor) -> None:
+    pid = ex.backend.pid  # type: ignore[attr-defined]
+    assert ex.execute("import os; os.getpid()").output == str(pid)
+    assert ex.execute("os.getpgid(0) == os.getpid()").output == "True"
+
+
+def test_os_write_and_child_output_are_captured(ex: KernelExecutor) -> None:
+    r = ex.execute("import os, subprocess\nos.write(1, b'fd1\\n')\nsubprocess.run(['echo', 'kid'])")
+    assert "fd1" in r.output and "kid" in r.output, r.output
+
+
+def test_interrupt_keeps_state(ex: KernelExecutor, interrupt_on_marker: Any) -> None:
+    ex.execute("kept = 'yes'")
+    interrupter = interrupt_on_marker(ex, "looping")
+    r = ex.execute("import time\nprint('looping', flush=True)\ntime.sleep(60)", timeout=60)
+    interrupter.join()
+    assert r.error is not None and r.error.ename == "KeyboardInterrupt"
+    assert ex.execute("print(kept)").output == "yes\n"
+
+
+def test_timeout_keeps_state(ex: KernelExecutor) -> None:
+    ex.execute("before = 7")
+    r = ex.execute("import time; time.sleep(30)", timeout=1)
+    assert r.timed_out and r.exit_code == 124 and not r.state_lost
+    assert ex.execute("before").output == "7"
+
+
+def test_death_is_noticed_and_a_new_kernel_follows(tmp_path: Path) -> None:
+    with make_executor("fork-kernel", work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("x = 1")
+        r = ex.execute("import os; os._exit(3)")
+        assert r.kernel_died and r.state_lost
+        assert ex.execute("'x' in dir()").output == "False"
+        assert ex.execute("1 + 1").output == "2"
+
+
+def test_restart_loses_state_and_close_ends_the_kernel_and_its_children(
+    tmp_path: Path,
+) -> None:
+    ex = make_executor("fork-kernel", work_dir=tmp_path, timeout=30)
+    ex.execute("x = 1")
+    first = ex.backend.pid  # type: ignore[attr-defined]
+    ex.restart()
+    assert _gone_within(first)
+    assert ex.execute("'x' in dir()").output == "False"
+    child = ex.execute("import subprocess; p = subprocess.Popen(['sleep', '300']); p.pid")
+    kernel = ex.backend.pid  # type: ignore[attr-defined]
+    ex.close()
+    assert _gone_within(kernel) and _gone_within(int(child.output))
+
+
+def test_executors_share_one_server(tmp_path: Path) -> None:
+    with (
+        make_executor("fork-kernel", work_dir=tmp_path / "a") as a,
+        make_executor("fork-kernel", work_dir=tmp_path / "b") as b,
+    ):
+        a.execute("v = 'a'")
+        b.execute("v = 'b'")
+        assert (a.execute("v").output, b.execute("v").output) == ("'a'", "'b'")
+        pa = a.execute("import os; os.getppid()").output
+        assert pa == b.execute("import os; os.getppid()").output  # the same server forked both
+
+
+def test_a_dead_server_is_replaced_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with make_executor("fork-kernel", work_dir=tmp_path / "a") as a:
+        server = int(a.execute("import os; os.getppid()").output)
+        os.kill(server, signal.SIGKILL)
+        assert _gone_within(server)
+        # its kernels watch it (ipykernel's parent poller) and end with it
+        assert _gone_within(a.backend.pid, 15)  # type: ignore[attr-defined]
+    with (
+        caplog.at_level(logging.WARNING, logger="kernelexec"),
+        make_executor("fork-kernel", work_dir=tmp_path / "b") as b,
+    ):
+        assert b.execute("1 + 1").output == "2"
+        assert int(b.execute("import os; os.getppid()").output) != server
+    assert any("fork server" in r.getMessage() and "died" in r.getMessage() for r in caplog.records)
+
+
+def test_a_missing_warm_up_module_is_named_and_leaves_no_server(tmp_path: Path) -> None:
+    with (
+        pytest.raises(BackendUnavailable, match="no_such_module_kx"),
+        make_executor("fork-kernel", work_dir=tmp_path, warm_up=["no_such_module_kx"]),
+    ):
+        pass
+    assert not any("no_such_module_kx" in " ".join(k[1]) for k in fork_kernel._servers)
+    assert not _server_processes("no_such_module_kx")
+
+
+def test_a_warm_up_module_that_starts_a_thread_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "kx_threader.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True)"
+        ".start()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with (
+        pytest.raises(BackendUnavailable, match="started threads"),
+        make_executor("fork-kernel", work_dir=tmp_path / "w", warm_up=["kx_threader"]),
+    ):
+        pass
+    assert not _server_processes("kx_threader")
+
+
+def test_warm_up_modules_are_there_before_the_first_block(tmp_path: Path) -> None:
+    with make_executor("fork-kernel", work_dir=tmp_path, warm_up=["json", "decimal"]) as ex:
+        r = ex.execute("import sys; 'decimal' in sys.modules")
+        assert r.output == "True"
+
+
+def test_a_pool_of_forked_kernels(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with AsyncKernelPool(ForkKernel, options=PoolOptions(min_size=2)) as pool:
+            await pool.wait_ready(60)
+            a, b = await pool.acquire(), await pool.acquire()
+            await a.execute("n = 1")
+            assert (await b.execute("'n' in dir()")).output == "False"
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_stop_fork_servers_ends_servers_and_their_kernels(tmp_path: Path) -> None:
+    ex = make_executor("fork-kernel", work_dir=tmp_path, warm_up=["fractions"])
+    kernel = int(ex.execute("import os; os.getpid()").output)
+    server = int(ex.execute("os.getppid()").output)
+    stop_fork_servers()
+    assert _gone_within(server) and _gone_within(kernel, 15)
+    ex.close()
+
+
+def test_nothing_survives_the_host(tmp_path: Path) -> None:
+    """A host killed outright: its server sees end of input, its kernels see their parent go."""
+    script = (
+        "import os, sys\nfrom kernelexec import make_executor\n"
+        f"ex = make_executor('fork-kernel', work_dir={str(tmp_path)!r})\n"
+        "r = ex.execute('import os; print(os.getpid(), os.getppid())')\n"
+        "print(r.output, flush=True)\nos._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    kernel, server = (int(x) for x in out.stdout.split())
+    assert _gone_within(server, 15) and _gone_within(kernel, 15)
+
+
+def _server_processes(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"_fork_server.py" in cmdline and marker.encode() in cmdline:
+                found.append(int(entry))
+    return found
