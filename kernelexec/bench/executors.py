@@ -160,6 +160,11 @@ def _python(ctx: BenchContext) -> dict[str, Any]:
     return {"python": ctx.python}
 
 
+def _warm_up(ctx: BenchContext) -> dict[str, Any]:
+    # What the workloads import: the server imports it once, every forked kernel shares it.
+    return {"warm_up": ["numpy", "pandas", "matplotlib.pyplot"]}
+
+
 def _image(ctx: BenchContext) -> dict[str, Any]:
     return {"image": ctx.image}
 
@@ -345,6 +350,15 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=True,
         check=_needs("kernelexec", "KernelExecutor"),
         open=_registry_row("kernel"),
+        floor="jupyter-client",
+    ),
+    ExecutorSpec(
+        name="fork-kernel",
+        label="kernelexec fork kernel",
+        group="kernelexec",
+        stateful=True,
+        check=_needs("kernelexec", "ForkKernel"),
+        open=_registry_row("fork-kernel", _warm_up),
         floor="jupyter-client",
     ),
     ExecutorSpec(

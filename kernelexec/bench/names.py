@@ -21,6 +21,7 @@ EXECUTOR_NAMES: tuple[str, ...] = (
     "docker-run",
     "command",
     "kernel",
+    "fork-kernel",
     "docker-command",
     "docker-kernel",
     "pool",

@@ -148,6 +148,21 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             threshold=1.2,
         ),
         TargetCheck.evaluate(
+            name="fork kernel start",
+            description="start to first result p50 of a forked kernel (issue 17: 60 ms)",
+            value=startup_p50(results, "fork-kernel"),
+            threshold=0.060,
+            unit="s",
+        ),
+        TargetCheck.evaluate(
+            name="fork kernel vs floor",
+            description="start to first result p50, fork kernel / raw KernelManager",
+            value=ratio(
+                startup_p50(results, "fork-kernel"), startup_p50(results, "jupyter-client")
+            ),
+            threshold=0.1,
+        ),
+        TargetCheck.evaluate(
             name="stateless block",
             description="trivial block p50, kernelexec command / raw subprocess.run",
             value=ratio(b(results, "trivial", "command"), b(results, "trivial", "subprocess")),
@@ -159,6 +174,18 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             value=ratio(
                 session_p50(results, "analysis", "command"),
                 session_p50(results, "analysis", "kernel"),
+            ),
+            threshold=5.0,
+            higher_is_better=True,
+            applicable=default_size,
+            note="" if default_size else "defined for the default data size (run without --quick)",
+        ),
+        TargetCheck.evaluate(
+            name="analysis speed-up (fork)",
+            description="analysis session time, stateless command / stateful fork kernel",
+            value=ratio(
+                session_p50(results, "analysis", "command"),
+                session_p50(results, "analysis", "fork-kernel"),
             ),
             threshold=5.0,
             higher_is_better=True,

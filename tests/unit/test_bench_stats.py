@@ -392,6 +392,7 @@ def test_kernelexec_rows_are_built_by_the_registry(
     assert built == {
         "command": {**common, "python": "/usr/bin/python3"},
         "kernel": common,
+        "fork-kernel": {**common, "warm_up": ["numpy", "pandas", "matplotlib.pyplot"]},
         "docker-command": {**common, "image": "img:1"},
         "docker-kernel": {**common, "image": "img:1"},
     }
