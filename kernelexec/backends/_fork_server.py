@@ -11,6 +11,7 @@ parent poller) and end with it, so nothing outlives the process that started the
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -115,6 +116,10 @@ def serve(modules: list[str], inp: Any, out: Any) -> int:
     if problem is not None:
         _answer(out, error=problem)
         return 1
+    # Objects the server made stay put: the collector would otherwise touch (and so copy)
+    # their pages in every forked kernel.
+    gc.collect()
+    gc.freeze()
     _answer(out, ready=os.getpid())
     for line in inp:
         try:
