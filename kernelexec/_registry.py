@@ -57,6 +57,22 @@ def _fork_kernel(**options: Any) -> AsyncExecutor:
     return AsyncKernelExecutor(ForkKernel(**extra), **options)
 
 
+def _sandboxed_kernel(**options: Any) -> AsyncExecutor:
+    from ._kernel import AsyncKernelExecutor
+    from .backends.sandboxed import SandboxedKernel
+
+    extra = {k: options.pop(k) for k in ("sandbox", "python", "kernel_name") if k in options}
+    return AsyncKernelExecutor(SandboxedKernel(**extra), **options)
+
+
+def _sandboxed_command(**options: Any) -> AsyncExecutor:
+    from ._command import AsyncCommandLineExecutor
+    from .backends.sandboxed import SandboxedCommand
+
+    extra = {k: options.pop(k) for k in ("sandbox", "python", "kill_grace") if k in options}
+    return AsyncCommandLineExecutor(SandboxedCommand(**extra), **options)
+
+
 def _docker_backend_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the ``DockerOptions`` fields (and ``options=``) out of ``options``."""
     from .backends._docker_options import DockerOptions
@@ -106,6 +122,18 @@ _ENTRIES = (
         stateful=True,
         summary="a local kernel forked from a warm server (starts in tens of ms)",
         build=_fork_kernel,
+    ),
+    ExecutorEntry(
+        name="sandboxed-kernel",
+        stateful=True,
+        summary="a local kernel in a bubblewrap sandbox (no network, read-only host)",
+        build=_sandboxed_kernel,
+    ),
+    ExecutorEntry(
+        name="sandboxed-command",
+        stateful=False,
+        summary="a local process per block in a bubblewrap sandbox",
+        build=_sandboxed_command,
     ),
     ExecutorEntry(
         name="docker-kernel",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import KernelExecError
+from ._errors import KernelExecError, UnknownExecutor
 from ._extract import extract_code_blocks, normalize_language
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
 from ._types import CodeBlock, ExecutionResult
@@ -48,7 +48,23 @@ def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any
     if getattr(args, "work_dir", None):
         options.setdefault("work_dir", args.work_dir)
     options.update(_remote(args))
-    return make_executor(args.executor, **options)
+    return make_executor(_sandboxed(args), **options)
+
+
+_SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
+
+
+def _sandboxed(args: argparse.Namespace) -> str:
+    """``--sandbox`` turns the local back ends into their bubblewrap-sandboxed twins."""
+    name = str(args.executor)
+    if not getattr(args, "sandbox", False) or name in _SANDBOXED.values():
+        return name
+    if name not in _SANDBOXED:
+        raise UnknownExecutor(
+            f"--sandbox applies to the local back ends (kernel, command), not {name!r}; "
+            "the docker-* executors are already isolated"
+        )
+    return _SANDBOXED[name]
 
 
 def blocks_from_source(text: str, path: str) -> list[CodeBlock]:
@@ -172,6 +188,11 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--work-dir", help="where code runs and files land (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per block")
+    parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="run a local back end in a bubblewrap sandbox (no network, read-only host)",
+    )
     remote = parser.add_argument_group("remote kernels (Kernel / Enterprise Gateway)")
     remote.add_argument("--remote", metavar="URL", help="run on a kernel of the gateway at URL")
     remote.add_argument("--token", help="the gateway's token (default: $KERNELEXEC_GATEWAY_TOKEN)")

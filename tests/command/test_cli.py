@@ -179,3 +179,23 @@ def test_upload_of_a_missing_file_is_refused_before_anything_runs(tmp_path: Path
     assert proc.returncode == 2
     assert "no such file to upload" in proc.stderr and "nope.csv" in proc.stderr
     assert not (work / "ran").exists()
+
+
+def test_sandbox_flag_runs_the_block_without_network_or_host_writes(tmp_path: Path) -> None:
+    message = tmp_path / "message.md"
+    message.write_text(
+        "```python\nimport socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), 2)\n"
+        "except OSError as e:\n    print('offline:', e.strerror)\n"
+        "try:\n    open('/etc/kx-cli', 'w')\n"
+        "except OSError as e:\n    print('ro:', e.strerror)\n```\n"
+    )
+    proc = run(str(message), "--sandbox")
+    assert proc.returncode == 0, proc.stderr
+    assert "offline: Network is unreachable" in proc.stdout
+    assert "ro: Read-only file system" in proc.stdout
+
+
+def test_sandbox_flag_with_a_docker_executor_is_refused() -> None:
+    proc = kx("run", "-", "--executor", "docker-kernel", "--sandbox", stdin="```python\n1\n```\n")
+    assert proc.returncode == 2
+    assert "--sandbox applies to the local back ends" in proc.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import sandbox_unavailable
 
 from kernelexec import (
     CodeBlock,
@@ -18,11 +19,13 @@ from kernelexec import (
 )
 from kernelexec._executor import SyncExecutor
 
-KINDS = ["command", "kernel", "fork-kernel"]
+KINDS = ["command", "kernel", "fork-kernel", "sandboxed-command", "sandboxed-kernel"]
 
 
 def make(kind: str, work_dir: Path, **options: Any) -> SyncExecutor[Any]:
-    if kind == "fork-kernel":
+    if kind.startswith("sandboxed") and (reason := sandbox_unavailable()):
+        pytest.skip(reason)
+    if kind not in ("command", "kernel"):
         return make_executor(kind, work_dir=work_dir, timeout=30, **options)
     factory = CommandLineExecutor if kind == "command" else KernelExecutor
     return factory(work_dir=work_dir, timeout=30, **options)

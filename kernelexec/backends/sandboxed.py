@@ -1,0 +1,122 @@
+"""The local back ends inside a bubblewrap sandbox (see ``_sandbox``).
+
+``SandboxedCommand`` runs each block's process in a fresh sandbox; ``SandboxedKernel`` runs the
+kernel process in one for its whole life. Both get only the executor's own environment (no host
+secrets), see the host read-only, write only their work dir (and a kernel its runtime dir), have
+no network unless ``SandboxOptions(network=True)``, and have a pid namespace of their own: when
+the sandbox ends, every process a block started ends with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox
+from .base import ByteSink, CommandOutcome
+from .local_command import LocalCommand
+from .local_kernel import LocalKernel
+
+
+class SandboxedCommand(LocalCommand):
+    """``LocalCommand`` with every block in a bubblewrap sandbox."""
+
+    kind = "sandboxed-command"
+    inherits_host_env = False  # the block sees the executor's env, not the host's secrets
+
+    def __init__(self, *, sandbox: SandboxOptions | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.sandbox = sandbox or SandboxOptions()
+        check_sandbox()
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        work_dir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> CommandOutcome:
+        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env)
+        return await super().run(
+            wrapped,
+            work_dir=work_dir,
+            env=_launcher_env(),
+            timeout=timeout,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+
+class _SandboxedSpecs(KernelSpecManager):
+    """One kernelspec: ``ipykernel_launcher`` under bwrap, interrupted by message (a signal to
+    bwrap would not reach the kernel inside its pid namespace)."""
+
+    def __init__(self, argv: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._spec = KernelSpec(
+            argv=argv,
+            display_name="Python (sandboxed)",
+            language="python",
+            interrupt_mode="message",
+        )
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return self._spec
+
+
+class SandboxedKernel(LocalKernel):
+    """``LocalKernel`` whose kernel process lives in a bubblewrap sandbox."""
+
+    kind = "sandboxed-kernel"
+    inherits_host_env = False
+
+    def __init__(self, *, sandbox: SandboxOptions | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.sandbox = sandbox or SandboxOptions()
+        check_sandbox()
+
+    def _manager(self) -> AsyncKernelManager:
+        km = super()._manager()
+        assert self._work_dir is not None and self._ipc_dir is not None
+        python = self.python or _kernelspec_python(km)
+        inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        # Pid 1 of the sandbox is bwrap's reaper, not the kernel's parent: "1" tells ipykernel
+        # there is no parent to watch (--die-with-parent does that) and keeps it from printing
+        # its console note.
+        env = {**self._env, "JPY_PARENT_PID": "1"}
+        # The kernel's own files (history database, matplotlib cache) live in its runtime dir,
+        # not in the private /tmp a block can fill.
+        env.setdefault("IPYTHONDIR", os.path.join(self._ipc_dir, "ipython"))
+        env.setdefault("MPLCONFIGDIR", os.path.join(self._ipc_dir, "matplotlib"))
+        argv = bwrap_argv(
+            self.sandbox, inner, work_dir=self._work_dir, env=env, writable=[self._ipc_dir]
+        )
+        sandboxed = AsyncKernelManager(
+            kernel_name="kernelexec-sandboxed",
+            kernel_spec_manager=_SandboxedSpecs(argv),
+            transport="ipc",
+            ip=km.ip,
+            connection_file=os.path.join(self._ipc_dir, "kernel.json"),
+        )
+        sandboxed.shutdown_wait_time = km.shutdown_wait_time
+        return sandboxed
+
+
+def _kernelspec_python(km: AsyncKernelManager) -> str:
+    """The interpreter of the kernelspec the manager would have started."""
+    spec = km.kernel_spec
+    argv = list(spec.argv) if spec is not None else []
+    return argv[0] if argv else "python3"
+
+
+def _launcher_env() -> dict[str, str]:
+    """The environment of bwrap itself (the sandbox gets its own, built by ``bwrap_argv``)."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
