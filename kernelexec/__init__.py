@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._types import CodeBlock, ErrorInfo, ExecutionResult
     from ._version import __version__
     from .backends._docker_options import DockerOptions
+    from .backends._sandbox import SandboxOptions
     from .backends.base import CommandBackend, CommandOutcome, KernelBackend
     from .backends.docker_command import DockerCommand
     from .backends.docker_kernel import DockerKernel
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from .backends.gateway_kernel import GatewayKernel, GatewayOptions
     from .backends.local_command import LocalCommand
     from .backends.local_kernel import LocalKernel
+    from .backends.sandboxed import SandboxedCommand, SandboxedKernel
     from .pool import (
         AsyncKernelPool,
         AsyncSessionManager,
@@ -108,6 +110,9 @@ _LAZY: dict[str, str] = {
     "PoolExhausted": "._errors",
     "PoolOptions": ".pool",
     "ReentrantCall": "._errors",
+    "SandboxOptions": ".backends._sandbox",
+    "SandboxedCommand": ".backends.sandboxed",
+    "SandboxedKernel": ".backends.sandboxed",
     "SessionError": "._errors",
     "SessionExists": "._errors",
     "SessionLimitReached": "._errors",
@@ -169,6 +174,9 @@ __all__ = [
     "PoolExhausted",
     "PoolOptions",
     "ReentrantCall",
+    "SandboxOptions",
+    "SandboxedCommand",
+    "SandboxedKernel",
     "SessionError",
     "SessionExists",
     "SessionLimitReached",
