@@ -16,6 +16,8 @@ callers can catch broadly::
     ├── ReentrantCall               + RuntimeError   (a sync front called from its own loop thread)
     ├── UnknownExecutor             + ValueError     (a name the executor registry does not know)
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
+    ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
+    ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
@@ -81,6 +83,14 @@ class UnknownExecutor(KernelExecError, ValueError):
 
 class InvalidBlock(KernelExecError, ValueError):
     """A code block cannot be run as given (bad ``# filename:``, unsupported language)."""
+
+
+class InvalidTimeout(KernelExecError, ValueError):
+    """A timeout (to the constructor or to one call) that is not a positive finite number."""
+
+
+class InvalidWorkDir(KernelExecError, ValueError):
+    """The work dir cannot be used: it is an existing file, or it cannot be created."""
 
 
 class NotebookError(KernelExecError, ValueError):

@@ -31,6 +31,8 @@ EXPECTED = {
     "GatewayUnavailable",
     "ImageNotFound",
     "InvalidBlock",
+    "InvalidTimeout",
+    "InvalidWorkDir",
     "KernelBackend",
     "KernelDied",
     "KernelExecError",
@@ -74,6 +76,8 @@ def test_every_name_in_all_exists() -> None:
 def test_errors_are_builtins_too() -> None:
     assert issubclass(kernelexec.ExecutorClosed, RuntimeError)
     assert issubclass(kernelexec.InvalidBlock, ValueError)
+    assert issubclass(kernelexec.InvalidTimeout, ValueError)
+    assert issubclass(kernelexec.InvalidWorkDir, ValueError)
     assert issubclass(kernelexec.ExecutionTimeout, TimeoutError)
     assert issubclass(kernelexec.DockerUnavailable, kernelexec.BackendUnavailable)
     for name in kernelexec.__all__:
