@@ -371,24 +371,25 @@ def _timed_out(
 ) -> ExecutionResult:
     """The result of a block stopped for its timeout; the interrupt's traceback says where."""
     if state_lost:
-        note = (
-            f"Timeout: the block ran longer than {timeout:g} s and did not stop when "
-            "interrupted; the kernel was restarted and all state was lost."
+        what = (
+            f"the block ran longer than {timeout:g} s and did not stop when interrupted; "
+            "the kernel was restarted and all state was lost."
         )
     else:
-        note = (
-            f"Timeout: the block ran longer than {timeout:g} s and was interrupted; "
+        what = (
+            f"the block ran longer than {timeout:g} s and was interrupted; "
             "the kernel and its state were kept."
         )
     trace = interrupted.traceback if interrupted is not None else []
-    error = ErrorInfo(ename="Timeout", evalue=note, traceback=trace)
+    # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
+    error = ErrorInfo(ename="Timeout", evalue=what, traceback=trace)
     return result.with_changes(
         exit_code=EXIT_TIMEOUT,
         timed_out=True,
         state_lost=state_lost,
         error=error,
         outputs=[*result.outputs, _error_output(error)],
-        output=_append(result.output, note),
+        output=_append(result.output, str(error)),
     )
 
 
