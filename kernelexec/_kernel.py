@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
 from ._errors import KernelDied, KernelStartFailed
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
 from ._outputs import Collected, OutputCollector
@@ -110,9 +112,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self._setup()
 
     async def _restart(self) -> None:
-        await self.backend.restart(timeout=self.startup_timeout)
-        self._dead = None
-        await self._setup()
+        await self._replace_kernel()
 
     async def _close(self) -> None:
         await self.backend.shutdown()
@@ -134,6 +134,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
+        _receive_every_iopub_message(self.backend.client)
         await self._run_quietly(_SETUP_CODE)
 
     async def _run_quietly(self, code: str) -> None:
@@ -320,6 +321,20 @@ async def _reply_for(backend: KernelBackend, msg_id: str) -> dict[str, Any]:
         if _parent_id(msg) == msg_id:
             content: dict[str, Any] = msg.get("content", {})
             return content
+
+
+def _receive_every_iopub_message(client: object) -> None:
+    """Lift zmq's receive high-water mark on a client's iopub socket.
+
+    A SUB socket holds at most 1,000 messages by default and drops the rest, silently, when the
+    reader falls behind: a block displaying 10,000 outputs lost about half of them. libzmq
+    applies the new limit to the connection already made. The collector keeps memory bounded;
+    a client without a zmq iopub socket (the gateway's WebSocket) is left as it is.
+    """
+    channel = getattr(client, "iopub_channel", None)
+    socket = getattr(channel, "socket", None)
+    if isinstance(socket, zmq.Socket):
+        socket.setsockopt(zmq.RCVHWM, 0)
 
 
 def _parent_id(msg: Mapping[str, Any]) -> str | None:
