@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -171,9 +172,10 @@ def test_host_memory_stays_bounded_under_a_flood(tmp_path: Path, code: str) -> N
         text=True,
         timeout=600,
         cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},  # this checkout
         check=True,
     )
     before, peak, exit_code, length = (int(v) for v in done.stdout.split()[-4:])
     assert exit_code == 0 and length < 30_000
-    # Generous: the message itself must be received and decoded once; no copies on top.
-    assert peak - before < 200, f"host peak RSS grew by {peak - before} MB"
+    # Generous (measured: under 20 MB; 190 to 290 MB when a flood came as one message).
+    assert peak - before < 100, f"host peak RSS grew by {peak - before} MB"
