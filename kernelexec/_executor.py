@@ -87,7 +87,8 @@ def check_timeout(timeout: float) -> float:
     return value
 
 
-def _make_work_dir(path: Path) -> None:
+def make_work_dir(path: Path) -> None:
+    """Create the work dir; ``InvalidWorkDir`` when it is a file or cannot be made."""
     if path.exists() and not path.is_dir():
         raise InvalidWorkDir(f"the work dir {path} exists and is not a directory")
     try:
@@ -164,7 +165,7 @@ class AsyncExecutor(ABC):
             self._work_dir = Path(tempfile.mkdtemp(prefix="kernelexec-"))
         else:
             self._work_dir = Path(work_dir).absolute()
-            _make_work_dir(self._work_dir)
+            make_work_dir(self._work_dir)
         self.on_output = on_output
         self.code_extractor = code_extractor or MarkdownCodeExtractor()
         self._lock = asyncio.Lock()
@@ -323,7 +324,7 @@ class AsyncExecutor(ABC):
 
     async def _ensure_started(self) -> None:
         if not self._started:
-            _make_work_dir(self._work_dir)
+            make_work_dir(self._work_dir)
             await self._start()
             self._started = True
 

@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from ._errors import KernelDied, KernelStartFailed
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends.base import KernelBackend
@@ -194,7 +194,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A block may have deleted the work dir: recreate it and put the kernel back in it."""
         if self.work_dir.is_dir():
             return
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        make_work_dir(self.work_dir)
         where = self.backend.workspace or str(self.work_dir)
         await self._run_quietly(f"import os as _kx_os; _kx_os.chdir({where!r}); del _kx_os")
 

@@ -515,6 +515,7 @@ def visible_text(text: str) -> str:
     For ``output``, the text a model reads: binary output must not put raw control bytes in
     it. Newlines and tabs stay as they are; ``stdout`` / ``stderr`` keep the raw text.
     """
+    text = text.replace("\r\n", "\n")  # a Windows line end is a line end
     return _CONTROL_CHARS_RE.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 

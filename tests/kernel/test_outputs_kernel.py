@@ -103,6 +103,19 @@ def test_a_work_dir_that_is_a_file_is_refused_clearly(tmp_path: Path) -> None:
         KernelExecutor(work_dir=file / "below")
 
 
+def test_a_work_dir_replaced_by_a_file_is_refused_clearly(ex: KernelExecutor) -> None:
+    aside = ex.work_dir.with_name(ex.work_dir.name + "-aside")
+    ex.work_dir.rename(aside)
+    ex.work_dir.write_text("a file now")
+    try:
+        with pytest.raises(InvalidWorkDir, match="not a directory"):
+            ex.execute("print(1)")
+    finally:
+        ex.work_dir.unlink()
+        aside.rename(ex.work_dir)
+    assert ex.execute("print(1)").output == "1\n"
+
+
 def test_timeout_message_is_not_doubled(ex: KernelExecutor) -> None:
     result = ex.execute("import time; print('go', flush=True); time.sleep(30)", timeout=1)
     assert result.timed_out and result.error is not None

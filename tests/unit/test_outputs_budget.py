@@ -146,6 +146,7 @@ def test_control_characters_are_visible_in_output_raw_in_stdout(tmp_path: Path) 
 def test_visible_text_keeps_newlines_and_tabs() -> None:
     assert visible_text("x\n\ty\x7f\x0c") == "x\n\ty\\x7f\\x0c"
     assert visible_text("plain") == "plain"
+    assert visible_text("a\r\nb\rc") == "a\nb\\x0dc"
 
 
 # -- 13.10 / 14.12: tracebacks --------------------------------------------------------------------
