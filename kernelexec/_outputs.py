@@ -130,6 +130,10 @@ class _Stream:
         """The text so far, including the line still being written (not yet committed)."""
         return self.budget.text() + self.terminal.pending
 
+    def size(self) -> int:
+        """Characters written so far (kept or not)."""
+        return self.budget.total + len(self.terminal.pending)
+
     def parts(self) -> tuple[str, int, str]:
         head, omitted, tail = self.budget.parts()
         pending = self.terminal.pending
@@ -166,13 +170,27 @@ class Collected:
     execution_count: int | None = None
 
 
-def omitted_outputs_marker(count: int) -> NbOutput:
-    """The output that stands for ``count`` display outputs left out (the budget was spent)."""
-    return {
-        "output_type": "display_data",
-        "data": {"text/plain": f"[... {count} display outputs omitted ...]"},
-        "metadata": {"kernelexec": {"omitted_outputs": count}},
-    }
+@dataclass
+class _Gap:
+    """Where displays past the budget were left out, with the stream text between them."""
+
+    displays: int = 0
+    stream_chars: int = 0
+
+    def text(self) -> str:
+        also = f" and {self.stream_chars} characters of stream output" if self.stream_chars else ""
+        return f"[... {self.displays} display outputs{also} omitted ...]"
+
+    def output(self) -> NbOutput:
+        """The output that stands for what was left out."""
+        counts = {"omitted_outputs": self.displays}
+        if self.stream_chars:
+            counts["omitted_stream_characters"] = self.stream_chars
+        return {
+            "output_type": "display_data",
+            "data": {"text/plain": self.text()},
+            "metadata": {"kernelexec": counts},
+        }
 
 
 class OutputCollector:
@@ -213,6 +231,7 @@ class OutputCollector:
         # joined text does not cut it off.
         self._head_room = self._limit // 2 - _MARKER_ROOM
         self._head_kept = 0
+        self._stream_since_display = 0
         self._tail: deque[tuple[_Display, int]] = deque()  # the latest displays, with their cost
         self._tail_cost = 0
         self._dropped = 0
@@ -236,6 +255,7 @@ class OutputCollector:
             last = _Stream(name, self._limit, self._std_sink(name))
             self._items.append(last)
         last.terminal.write(text)
+        self._stream_since_display = min(self._limit, self._stream_since_display + len(text))
         self._emit({"output_type": "stream", "name": name, "text": text})
 
     def _std_sink(self, name: str) -> Callable[[str], None]:
@@ -264,7 +284,10 @@ class OutputCollector:
         display_id = content.get("transient", {}).get("display_id")
         if display_id:
             self._display_ids.setdefault(str(display_id), []).append(display)
-        cost = len(self._display_text(display)) + 1
+        # Its text and the stream text printed since the display before: the head and the tail
+        # then share the budget with what the loop prints around its displays.
+        cost = len(self._display_text(display)) + 1 + self._stream_since_display
+        self._stream_since_display = 0
         if cost <= self._head_room or not self._head_kept:
             # The head (the first display at least): always kept, so its files are written now.
             self._head_room = max(0, self._head_room - cost)
@@ -460,24 +483,35 @@ class OutputCollector:
             execution_count=self.execution_count,
         )
 
-    def _runs(self) -> list[_Stream | _Display | NbOutput | int]:
-        """The items, each run of dropped displays replaced by its count."""
-        runs: list[_Stream | _Display | NbOutput | int] = []
+    def _runs(self) -> list[_Stream | _Display | NbOutput | _Gap]:
+        """The items, each run of dropped displays replaced by a gap that counts them; stream
+        output printed between two dropped displays is folded into the gap (counted too), so
+        a loop that prints and displays stays a bounded list of outputs."""
+        runs: list[_Stream | _Display | NbOutput | _Gap] = []
+        held: list[_Stream] = []  # streams after a gap: folded in if the gap goes on
         for item in self._items:
+            gap = runs[-1] if runs and isinstance(runs[-1], _Gap) else None
             if isinstance(item, _Display) and item.dropped:
-                if runs and isinstance(runs[-1], int):
-                    runs[-1] += 1
-                else:
-                    runs.append(1)
+                if gap is None:
+                    gap = _Gap()
+                    runs.append(gap)
+                gap.stream_chars += sum(stream.size() for stream in held)
+                gap.displays += 1
+                held = []
+            elif isinstance(item, _Stream) and gap is not None:
+                held.append(item)
             else:
+                runs.extend(held)
+                held = []
                 runs.append(item)
+        runs.extend(held)
         return runs
 
     def _outputs(self) -> list[NbOutput]:
         outputs: list[NbOutput] = []
         for item in self._runs():
-            if isinstance(item, int):
-                outputs.append(omitted_outputs_marker(item))
+            if isinstance(item, _Gap):
+                outputs.append(item.output())
             elif isinstance(item, _Stream):
                 outputs.append({"output_type": "stream", "name": item.name, "text": item.text()})
             elif isinstance(item, _Display):
@@ -490,8 +524,8 @@ class OutputCollector:
         """(is a stream, (head, omitted, tail)) of each output's text, in order."""
         views: list[tuple[bool, tuple[str, int, str]]] = []
         for item in self._runs():
-            if isinstance(item, int):
-                text = f"[... {item} display outputs omitted ...]"
+            if isinstance(item, _Gap):
+                text = item.text()
             elif isinstance(item, _Stream):
                 views.append((True, item.parts()))
                 continue
@@ -505,7 +539,7 @@ class OutputCollector:
 
 # Best first: the one image form saved to a file when an output carries several.
 _IMAGE_PREFERENCE = ("image/png", "image/jpeg", "image/gif", "image/svg+xml", "application/pdf")
-_MARKER_ROOM = 32  # characters of each half kept for "[... N display outputs omitted ...]"
+_MARKER_ROOM = 80  # characters of each half kept for the "[... N display outputs omitted ...]" line
 _CONTROL_CHARS_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 

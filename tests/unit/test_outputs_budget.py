@@ -183,3 +183,21 @@ def test_jpeg_alone_is_still_saved(tmp_path: Path) -> None:
     c = collector(tmp_path)
     c.feed(msg("display_data", data={"image/jpeg": JPEG, "text/html": "<i/>"}, metadata={}))
     assert [p.name for p in c.finish().files] == ["cell3-1.jpg", "cell3-1.html"]
+
+
+def test_printing_between_displays_stays_a_bounded_list(tmp_path: Path) -> None:
+    c = collector(tmp_path, limit=2000)
+    for i in range(5000):
+        c.feed(msg("stream", name="stdout", text=f"{i}\n"))
+        c.feed(msg("display_data", data={"text/plain": f"d{i}"}, metadata={}))
+    done = c.finish()
+    assert len(done.outputs) < 1000  # bounded by the budget, not by the loop (10,000)
+    [gap] = [o for o in done.outputs if o.get("metadata", {}).get("kernelexec")]
+    counts = gap["metadata"]["kernelexec"]
+    kept_displays = [o for o in done.outputs if o["output_type"] == "display_data"]
+    assert len(kept_displays) - 1 + counts["omitted_outputs"] == 5000
+    kept_text = sum(len(o["text"]) for o in done.outputs if o["output_type"] == "stream")
+    printed = sum(len(f"{i}\n") for i in range(5000))
+    assert kept_text + counts["omitted_stream_characters"] == printed  # every character counted
+    assert gap["data"]["text/plain"] in done.output
+    assert_valid(done.outputs)
