@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -75,3 +79,51 @@ def test_traceback_in_json_has_no_ansi_and_keeps_its_blank_lines(dex: KernelExec
     assert result.error is not None
     assert not any("\x1b" in line for line in result.error.traceback)
     assert "\n\nCell In" in "\n".join(result.error.traceback)
+
+
+_RSS_PROBE = """\
+import sys
+from kernelexec import DockerKernel, KernelExecutor
+
+def peak_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) // 1024
+
+with KernelExecutor(backend=DockerKernel(), timeout=300) as ex:
+    ex.execute("1")
+    before = peak_mb()
+    result = ex.execute(sys.argv[1])
+    print(before, peak_mb(), result.exit_code, len(result.output))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print('x' * 50_000_000)",
+        "import sys\nfor _ in range(100): sys.stdout.write('y' * 1_000_000 + '\\n')",
+    ],
+    ids=["one-50MB-line", "100MB-of-lines"],
+)
+def test_host_memory_stays_bounded_under_a_flood(
+    docker_client: docker.DockerClient, tmp_path: Path, code: str
+) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(_RSS_PROBE)
+    root = Path(__file__).parents[2]
+    done = subprocess.run(
+        [sys.executable, str(probe), code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},  # this checkout
+        check=True,
+    )
+    before, peak, exit_code, length = (int(v) for v in done.stdout.split()[-4:])
+    assert exit_code == 0 and length < 30_000
+    # Generous (measured: under 20 MB; 190 to 290 MB when a flood came as one message).
+    assert peak - before < 60, f"host peak RSS grew by {peak - before} MB"
