@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import codecs
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 DEFAULT_OUTPUT_LIMIT = 20_000
 DEFAULT_SPILL_LIMIT = 512 * 1024 * 1024  # stop writing the spill file past this
+_SPILL_CHUNK = 1 << 20  # characters written to the spill file at a time
 
 
 def omitted_marker(count: int, spill: Path | None) -> str:
@@ -54,6 +56,8 @@ class TextBudget:
         return self.spill_path if self._spilled else None
 
     def write(self, text: str) -> None:
+        """Add ``text``. Past the limit only the head, the tail and a count stay in memory:
+        no copy of a large ``text`` is made (a 50 MB line costs the caller's string, no more)."""
         if not text:
             return
         was_truncated = self.truncated
@@ -64,22 +68,39 @@ class TextBudget:
             return
         if not was_truncated:
             # First overflow: everything so far goes to the spill, then split head / tail.
-            everything = "".join(self._head) + text
-            self._to_spill(everything)
+            held = "".join(self._head)
+            self._to_spill(held)
+            self._to_spill(text)
             half = self.limit // 2
-            self._head, self._head_len = [everything[:half]], half
+            if len(held) >= half:
+                head, rest = held[:half], held[half:]
+            else:
+                head, rest = held + text[: half - len(held)], ""
+            self._head, self._head_len = [head], len(head)
             self._tail.clear()
             self._tail_len = 0
-            self._push_tail(everything[half:])
+            if rest:
+                self._push_tail(rest)
+            cut = max(0, half - len(held))  # what of ``text`` went to the head
+            keep = self.limit - half
+            self._push_tail(text[-keep:] if len(text) - cut >= keep else text[cut:])
             return
         self._to_spill(text)
         self._push_tail(text)
+
+    def parts(self) -> tuple[str, int, str]:
+        """(head, number of characters omitted, tail); the tail is empty when nothing was cut."""
+        head = "".join(self._head)
+        if not self.truncated:
+            return head, 0, ""
+        tail = "".join(self._tail)
+        return head, self.total - len(head) - len(tail), tail
 
     def _push_tail(self, text: str) -> None:
         keep = self.limit - self.limit // 2
         if len(text) >= keep:
             self._tail.clear()
-            self._tail.append(text[-keep:])
+            self._tail.append(text[-keep:])  # the end only: no copy of a huge text
             self._tail_len = keep
             return
         self._tail.append(text)
@@ -97,21 +118,58 @@ class TextBudget:
         if self._spill is None:
             self.spill_path.parent.mkdir(parents=True, exist_ok=True)
             self._spill = open(self.spill_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
-        chunk = text[: self._spill_limit - self._spilled]
-        self._spill.write(chunk)
-        self._spilled += len(chunk)
+        room = min(len(text), self._spill_limit - self._spilled)
+        # In slices: writing a 50 MB string at once would encode a 50 MB copy of it.
+        for start in range(0, room, _SPILL_CHUNK):
+            self._spill.write(text[start : min(start + _SPILL_CHUNK, room)])
+        self._spilled += room
 
     def text(self) -> str:
-        head = "".join(self._head)
-        if not self.truncated:
+        head, omitted, tail = self.parts()
+        if not omitted and not tail:
             return head
-        omitted = self.total - self._head_len - self._tail_len
-        return head + omitted_marker(omitted, self.spilled_to) + "".join(self._tail)
+        return head + omitted_marker(omitted, self.spilled_to) + tail
 
     def close(self) -> None:
         if self._spill is not None:
             self._spill.close()
             self._spill = None
+
+
+def join_parts(parts: Sequence[tuple[str, int, str]], limit: int) -> tuple[str, int, str]:
+    """Join texts each already held as ``(head, omitted, tail)`` and cut the whole once.
+
+    The result is ``(head, omitted, tail)`` of the joined text as if it had been kept whole:
+    at most ``limit`` characters kept, ``omitted`` the true number of characters left out (a
+    piece's own omission included, so a marker never counts only the last cut).
+    """
+    total = sum(len(h) + n + len(t) for h, n, t in parts)
+    if total <= limit:  # then no piece was cut either
+        return "".join(h + t for h, _, t in parts), 0, ""
+    need = limit // 2
+    head: list[str] = []
+    for h, n, t in parts:
+        for known in (h, t):
+            take = known[:need]
+            head.append(take)
+            need -= len(take)
+            if n:  # a gap: what follows it is not joined to the head
+                break
+        if need <= 0 or n:
+            break
+    need = limit - limit // 2
+    tail: list[str] = []
+    for h, n, t in reversed(parts):
+        for known in (t, h):
+            take = known[len(known) - need :] if need < len(known) else known
+            tail.append(take)
+            need -= len(take)
+            if n:
+                break
+        if need <= 0 or n:
+            break
+    head_text, tail_text = "".join(head), "".join(reversed(tail))
+    return head_text, total - len(head_text) - len(tail_text), tail_text
 
 
 class StreamDecoder:

@@ -12,6 +12,7 @@ from typing import Any
 from ._budget import StreamDecoder, TextBudget
 from ._errors import InvalidBlock
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
+from ._outputs import visible_text
 from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends.base import CommandBackend
 from .backends.local_command import LocalCommand
@@ -135,14 +136,16 @@ class _Capture:
         timeout: float,
         code_path: Path,
     ) -> ExecutionResult:
-        output = self.combined.text()
+        output = visible_text(self.combined.text())  # no raw control bytes before a model
         stdout, stderr = self.out.text(), self.err.text()
         error: ErrorInfo | None = None
         if timed_out:
-            note = f"Timeout: the block ran longer than {timeout:g} s and was killed."
-            output = f"{output.rstrip()}\n{note}" if output.strip() else note
+            # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
+            error = ErrorInfo(
+                ename="Timeout", evalue=f"the block ran longer than {timeout:g} s and was killed."
+            )
+            output = f"{output.rstrip()}\n{error}" if output.strip() else str(error)
             exit_code = EXIT_TIMEOUT
-            error = ErrorInfo(ename="Timeout", evalue=note)
         elif exit_code is not None and exit_code < 0:
             name = signal.Signals(-exit_code).name if -exit_code in _SIGNALS else str(-exit_code)
             note = f"The process was killed by signal {name}."

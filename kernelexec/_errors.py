@@ -18,6 +18,8 @@ callers can catch broadly::
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
     ├── InvalidPath                 + ValueError     (a files-API path outside the work dir)
     ├── FileTooLarge                + ValueError     (a file past the remote transfer limit)
+    ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
+    ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
@@ -91,6 +93,14 @@ class InvalidPath(KernelExecError, ValueError):
 
 class FileTooLarge(KernelExecError, ValueError):
     """A file is bigger than the limit for moving it through a remote kernel."""
+
+
+class InvalidTimeout(KernelExecError, ValueError):
+    """A timeout (to the constructor or to one call) that is not a positive finite number."""
+
+
+class InvalidWorkDir(KernelExecError, ValueError):
+    """The work dir cannot be used: it is an existing file, or it cannot be created."""
 
 
 class NotebookError(KernelExecError, ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import shutil
 import tempfile
@@ -25,7 +26,7 @@ from typing import Any, ClassVar, TypeVar
 from nbformat import NotebookNode
 
 from ._budget import DEFAULT_OUTPUT_LIMIT
-from ._errors import ExecutorClosed, InvalidBlock
+from ._errors import ExecutorClosed, InvalidBlock, InvalidTimeout, InvalidWorkDir
 from ._extract import MarkdownCodeExtractor, normalize_language
 from ._files import FileEntry, FileStore, LocalFiles
 from ._session import SessionNotebook
@@ -74,6 +75,29 @@ def error_result(message: str, *, language: str, ename: str = "InvalidBlock") ->
         outputs=[{"output_type": "error", "ename": ename, "evalue": message, "traceback": []}],
         language=language,
     )
+
+
+def check_timeout(timeout: float) -> float:
+    """``timeout`` as a float; ``InvalidTimeout`` unless it is a positive, finite number."""
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(timeout, bool) or not (0 < value < math.inf):
+        raise InvalidTimeout(
+            f"timeout must be a positive, finite number of seconds, not {timeout!r}"
+        )
+    return value
+
+
+def make_work_dir(path: Path) -> None:
+    """Create the work dir; ``InvalidWorkDir`` when it is a file or cannot be made."""
+    if path.exists() and not path.is_dir():
+        raise InvalidWorkDir(f"the work dir {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidWorkDir(f"cannot create the work dir {path}: {exc.strerror or exc}") from exc
 
 
 def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
@@ -133,10 +157,8 @@ class AsyncExecutor(ABC):
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
     ) -> None:
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
         self.options = ExecutorOptions(
-            timeout=float(timeout),
+            timeout=check_timeout(timeout),
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
@@ -146,7 +168,7 @@ class AsyncExecutor(ABC):
             self._work_dir = Path(tempfile.mkdtemp(prefix="kernelexec-"))
         else:
             self._work_dir = Path(work_dir).absolute()
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+            make_work_dir(self._work_dir)
         self.on_output = on_output
         self.code_extractor = code_extractor or MarkdownCodeExtractor()
         self._lock = asyncio.Lock()
@@ -253,18 +275,23 @@ class AsyncExecutor(ABC):
         self, block: CodeBlock, *, timeout: float | None = None
     ) -> ExecutionResult:
         self._check_open()
+        if timeout is not None:
+            check_timeout(timeout)
         async with self._lock:
             self._check_open()
             prepared = self._prepare(block)
             if isinstance(prepared, ExecutionResult):
                 return prepared
             await self._ensure_started()
-            return await self._run_and_observe(prepared, timeout or self.options.timeout)
+            limit = self.options.timeout if timeout is None else check_timeout(timeout)
+            return await self._run_and_observe(prepared, limit)
 
     async def execute_code_blocks(
         self, code_blocks: Sequence[Any], *, timeout: float | None = None
     ) -> ExecutionResult:
         """Run blocks in order; stop at the first that fails. Accepts AG2/AutoGen blocks too."""
+        if timeout is not None:
+            check_timeout(timeout)  # before the first block runs
         results: list[ExecutionResult] = []
         for raw in code_blocks:
             block = CodeBlock(code=raw.code, language=getattr(raw, "language", "python") or "")
@@ -353,7 +380,7 @@ class AsyncExecutor(ABC):
 
     async def _ensure_started(self) -> None:
         if not self._started:
-            self._work_dir.mkdir(parents=True, exist_ok=True)
+            make_work_dir(self._work_dir)
             await self._start()
             self._started = True
 

@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
 from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
@@ -36,14 +38,55 @@ _IOPUB_GRACE = 1.0  # after the reply, how long to wait for an ``idle`` that may
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 
 # Run silently after every (re)start: the kernel interpreter's own bin dir first on PATH, so
-# ``pip`` in a shell block installs into the kernel's environment.
-_SETUP_CODE = """\
-import os as _kx_os, sys as _kx_sys
-_kx_os.environ["PATH"] = (
-    _kx_os.path.dirname(_kx_sys.executable) + _kx_os.pathsep + _kx_os.environ.get("PATH", "")
-)
-del _kx_os, _kx_sys
+# ``pip`` in a shell block installs into the kernel's environment. Then the kernel's output is
+# made lossless and bounded:
+# - its iopub PUB socket gets no send high-water mark: a PUB socket drops messages past it
+#   (zmq's default, 1,000) when the reader lags; without it the backlog waits in the kernel
+#   (the reader's bounded receive queue pushes back) and nothing is lost;
+# - its stdout / stderr send what they hold once it passes _STREAM_CHUNK characters, and cut a
+#   longer write into such pieces, so no single message is huge: a 100 MB print reaches the
+#   host as bounded messages, never as one 100 MB message decoded at once.
+_STREAM_CHUNK = 256 * 1024
+_SETUP_CODE = f"""\
+def _kx_setup():
+    import os, sys
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    try:
+        import zmq
+        from ipykernel.kernelapp import IPKernelApp
+        if IPKernelApp.initialized():
+            thread = IPKernelApp.instance().iopub_thread
+            thread.schedule(lambda: thread.socket.setsockopt(zmq.SNDHWM, 0))
+    except Exception:
+        pass
+
+    def bound(stream, chunk={_STREAM_CHUNK}):
+        if getattr(stream, "_kx_bounded", False) or type(stream).__name__ != "OutStream":
+            return
+        write, held = stream.write, [0]
+
+        def bounded_write(text):
+            if not isinstance(text, str) or held[0] + len(text) < chunk:
+                held[0] += len(text) if isinstance(text, str) else 0
+                return write(text)
+            for start in range(0, len(text), chunk):
+                write(text[start:start + chunk])
+                stream.flush()
+            held[0] = 0
+            return len(text)
+
+        stream.write = bounded_write
+        stream._kx_bounded = True
+
+    bound(sys.stdout)
+    bound(sys.stderr)
+
+
+_kx_setup()
+del _kx_setup
 """
+# The host's receive queue for iopub, in messages: with bounded messages, a bounded backlog.
+_IOPUB_RECEIVE_QUEUE = 64
 
 
 class _Ending(enum.Enum):
@@ -111,9 +154,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self._setup()
 
     async def _restart(self) -> None:
-        await self.backend.restart(timeout=self.startup_timeout)
-        self._dead = None
-        await self._setup()
+        await self._replace_kernel()
 
     async def _close(self) -> None:
         await self.backend.shutdown()
@@ -135,6 +176,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
+        _bound_iopub_queue(self.backend.client)
         await self._run_quietly(_SETUP_CODE)
 
     async def _run_quietly(self, code: str) -> None:
@@ -174,7 +216,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A block may have deleted the work dir: recreate it and put the kernel back in it."""
         if self.work_dir.is_dir():
             return
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        make_work_dir(self.work_dir)
         where = self.backend.workspace or str(self.work_dir)
         await self._run_quietly(f"import os as _kx_os; _kx_os.chdir({where!r}); del _kx_os")
 
@@ -344,6 +386,21 @@ async def _reply_for(backend: KernelBackend, msg_id: str) -> dict[str, Any]:
             return content
 
 
+def _bound_iopub_queue(client: object) -> None:
+    """Bound the messages the host holds for a client's iopub socket (zmq's default: 1,000).
+
+    The kernel's PUB socket has no send limit (see ``_SETUP_CODE``), so a full queue here pushes
+    back on the kernel instead of dropping messages: nothing is lost (a block displaying 10,000
+    outputs lost about half of them before), and host memory stays bounded when a block floods.
+    libzmq applies the new limit to the connection already made. A client without a zmq iopub
+    socket (the gateway's WebSocket) is left as it is.
+    """
+    channel = getattr(client, "iopub_channel", None)
+    socket = getattr(channel, "socket", None)
+    if isinstance(socket, zmq.Socket):
+        socket.setsockopt(zmq.RCVHWM, _IOPUB_RECEIVE_QUEUE)
+
+
 def _parent_id(msg: Mapping[str, Any]) -> str | None:
     parent = msg.get("parent_header") or {}
     value = parent.get("msg_id")
@@ -393,24 +450,25 @@ def _timed_out(
 ) -> ExecutionResult:
     """The result of a block stopped for its timeout; the interrupt's traceback says where."""
     if state_lost:
-        note = (
-            f"Timeout: the block ran longer than {timeout:g} s and did not stop when "
-            "interrupted; the kernel was restarted and all state was lost."
+        what = (
+            f"the block ran longer than {timeout:g} s and did not stop when interrupted; "
+            "the kernel was restarted and all state was lost."
         )
     else:
-        note = (
-            f"Timeout: the block ran longer than {timeout:g} s and was interrupted; "
+        what = (
+            f"the block ran longer than {timeout:g} s and was interrupted; "
             "the kernel and its state were kept."
         )
     trace = interrupted.traceback if interrupted is not None else []
-    error = ErrorInfo(ename="Timeout", evalue=note, traceback=trace)
+    # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
+    error = ErrorInfo(ename="Timeout", evalue=what, traceback=trace)
     return result.with_changes(
         exit_code=EXIT_TIMEOUT,
         timed_out=True,
         state_lost=state_lost,
         error=error,
         outputs=[*result.outputs, _error_output(error)],
-        output=_append(result.output, note),
+        output=_append(result.output, str(error)),
     )
 
 

@@ -13,12 +13,13 @@ import base64
 import binascii
 import json
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ._budget import TextBudget
+from ._budget import TextBudget, join_parts, omitted_marker
 from ._types import ErrorInfo, NbOutput
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -129,6 +130,30 @@ class _Stream:
         """The text so far, including the line still being written (not yet committed)."""
         return self.budget.text() + self.terminal.pending
 
+    def size(self) -> int:
+        """Characters written so far (kept or not)."""
+        return self.budget.total + len(self.terminal.pending)
+
+    def parts(self) -> tuple[str, int, str]:
+        head, omitted, tail = self.budget.parts()
+        pending = self.terminal.pending
+        return (head, omitted, tail + pending) if omitted else (head + pending, 0, "")
+
+
+class _Display:
+    """A ``display_data`` / ``execute_result`` output and its place in the display budget."""
+
+    __slots__ = ("dropped", "k", "out", "written")
+
+    def __init__(self, out: NbOutput, k: int | None) -> None:
+        self.out = out
+        self.k = k  # n in the file names cell{N}-{n}.*; numbered by arrival
+        self.dropped = False  # past the budget: counted, its data let go
+        self.written = False  # its files are on disk
+
+
+_Item = _Stream | _Display | NbOutput  # NbOutput: an error output
+
 
 @dataclass
 class Collected:
@@ -145,8 +170,37 @@ class Collected:
     execution_count: int | None = None
 
 
+@dataclass
+class _Gap:
+    """Where displays past the budget were left out, with the stream text between them."""
+
+    displays: int = 0
+    stream_chars: int = 0
+
+    def text(self) -> str:
+        also = f" and {self.stream_chars} characters of stream output" if self.stream_chars else ""
+        return f"[... {self.displays} display outputs{also} omitted ...]"
+
+    def output(self) -> NbOutput:
+        """The output that stands for what was left out."""
+        counts = {"omitted_outputs": self.displays}
+        if self.stream_chars:
+            counts["omitted_stream_characters"] = self.stream_chars
+        return {
+            "output_type": "display_data",
+            "data": {"text/plain": self.text()},
+            "metadata": {"kernelexec": counts},
+        }
+
+
 class OutputCollector:
-    """Turns one block's iopub messages into nbformat v4 outputs and bounded text views."""
+    """Turns one block's iopub messages into nbformat v4 outputs and bounded text views.
+
+    The output budget (``limit`` characters of text) covers display outputs too: the first
+    displays are kept while their text fits half of it, then the latest ones that fit the other
+    half; those in between are counted in a visible marker output (``[... N display outputs
+    omitted ...]``) and their data let go. Files are written only for the displays kept.
+    """
 
     def __init__(
         self,
@@ -161,16 +215,26 @@ class OutputCollector:
         self._cell = cell
         self._limit = limit
         self._on_output = on_output
-        self._items: list[NbOutput | _Stream] = []
+        self._items: list[_Item] = []
         self._log = TextBudget(limit, spill_path=spill_path)
         self._std = {"stdout": TextBudget(limit), "stderr": TextBudget(limit)}
-        self._display_ids: dict[str, list[int]] = {}
-        self._file_index: dict[int, int] = {}  # item position -> k in cell{N}-{k}
+        self._display_ids: dict[str, list[_Display]] = {}
         self._saved: list[Path] = []
         self._rich_count = 0
         self._clear_pending = False
+        self._reset_display_budget()
         self.error: ErrorInfo | None = None
         self.execution_count: int | None = None
+
+    def _reset_display_budget(self) -> None:
+        # Display text the head may still take; room is left for the omission marker so the
+        # joined text does not cut it off.
+        self._head_room = self._limit // 2 - _MARKER_ROOM
+        self._head_kept = 0
+        self._stream_since_display = 0
+        self._tail: deque[tuple[_Display, int]] = deque()  # the latest displays, with their cost
+        self._tail_cost = 0
+        self._dropped = 0
 
     # -- feeding ---------------------------------------------------------------------------
     def feed(self, msg: dict[str, Any]) -> None:
@@ -191,6 +255,7 @@ class OutputCollector:
             last = _Stream(name, self._limit, self._std_sink(name))
             self._items.append(last)
         last.terminal.write(text)
+        self._stream_since_display = min(self._limit, self._stream_since_display + len(text))
         self._emit({"output_type": "stream", "name": name, "text": text})
 
     def _std_sink(self, name: str) -> Callable[[str], None]:
@@ -210,14 +275,42 @@ class OutputCollector:
         }
         if output_type == "execute_result":
             out["execution_count"] = content.get("execution_count")
-        position = len(self._items)
-        self._items.append(out)
+        k = None
+        if any(file_form(mime) for mime in out["data"]):
+            self._rich_count += 1
+            k = self._rich_count
+        display = _Display(out, k)
+        self._items.append(display)
         display_id = content.get("transient", {}).get("display_id")
         if display_id:
-            self._display_ids.setdefault(str(display_id), []).append(position)
-        self._save_files(position)
-        self._log.write(self._display_text(position) + "\n")
+            self._display_ids.setdefault(str(display_id), []).append(display)
+        # Its text and the stream text printed since the display before: the head and the tail
+        # then share the budget with what the loop prints around its displays.
+        cost = len(self._display_text(display)) + 1 + self._stream_since_display
+        self._stream_since_display = 0
+        if cost <= self._head_room or not self._head_kept:
+            # The head (the first display at least): always kept, so its files are written now.
+            self._head_room = max(0, self._head_room - cost)
+            self._head_kept += 1
+            self._save_files(display)
+            self._log.write(self._display_text(display) + "\n")
+        else:
+            self._keep_latest(display, cost)
+            self._log.write(self._display_text(display, saved=False) + "\n")
         self._emit(out)
+
+    def _keep_latest(self, display: _Display, cost: int) -> None:
+        """The tail: the latest displays that fit; the oldest of them is dropped to make room."""
+        self._head_room = 0  # once a display went to the tail, the head is closed
+        self._tail.append((display, cost))
+        self._tail_cost += cost
+        room = self._limit - self._limit // 2 - _MARKER_ROOM
+        while self._tail_cost > room and len(self._tail) > 1:
+            old, old_cost = self._tail.popleft()
+            self._tail_cost -= old_cost
+            old.dropped = True
+            old.out = {}
+            self._dropped += 1
 
     def _display_data(self, content: dict[str, Any]) -> None:
         self._display(content, "display_data")
@@ -227,13 +320,18 @@ class OutputCollector:
 
     def _update_display(self, content: dict[str, Any]) -> None:
         display_id = str(content.get("transient", {}).get("display_id", ""))
-        for position in self._display_ids.get(display_id, []):
-            item = self._items[position]
-            if isinstance(item, dict):
-                item["data"] = dict(content.get("data", {}))
-                item["metadata"] = dict(content.get("metadata", {}))
-                self._save_files(position)
-                self._emit(item)
+        for display in self._display_ids.get(display_id, []):
+            if display.dropped:
+                continue
+            item = display.out
+            item["data"] = dict(content.get("data", {}))
+            item["metadata"] = dict(content.get("metadata", {}))
+            if display.k is None and any(file_form(mime) for mime in item["data"]):
+                self._rich_count += 1
+                display.k = self._rich_count
+            if display.written:
+                self._save_files(display)
+            self._emit(item)
 
     def _clear(self, content: dict[str, Any]) -> None:
         if content.get("wait"):
@@ -250,7 +348,7 @@ class OutputCollector:
         self._end_stream_lines()
         self._items.clear()
         self._display_ids.clear()
-        self._file_index.clear()
+        self._reset_display_budget()  # cleared outputs are not lost: nothing to count
 
     def _error(self, content: dict[str, Any]) -> None:
         self._maybe_clear()
@@ -259,13 +357,13 @@ class OutputCollector:
         self.error = ErrorInfo(
             ename=str(content.get("ename", "Error")),
             evalue=str(content.get("evalue", "")),
-            traceback=traceback,
+            traceback=[strip_ansi(line) for line in traceback],
         )
         out: NbOutput = {
             "output_type": "error",
             "ename": self.error.ename,
             "evalue": self.error.evalue,
-            "traceback": traceback,
+            "traceback": traceback,  # the notebook keeps the colours
         }
         self._items.append(out)
         self._log.write(_error_text(out) + "\n")
@@ -295,33 +393,38 @@ class OutputCollector:
             self._items[-1].terminal.flush()
 
     # -- rich outputs ------------------------------------------------------------------------
-    def _save_files(self, position: int) -> None:
-        item = self._items[position]
-        assert isinstance(item, dict)
-        forms = [(mime, form) for mime in item["data"] if (form := file_form(mime))]
-        if not forms:
+    def _save_files(self, display: _Display) -> None:
+        display.written = True
+        if display.k is None:
             return
-        if position not in self._file_index:
-            self._rich_count += 1
-            self._file_index[position] = self._rich_count
-        k = self._file_index[position]
-        for mime, (ext, encoding) in forms:
-            path = self._work_dir / "outputs" / f"cell{self._cell}-{k}.{ext}"
-            if _write_payload(path, item["data"][mime], encoding) and path not in self._saved:
+        for mime, (ext, encoding) in self._file_forms(display.out["data"]):
+            path = self._work_dir / "outputs" / f"cell{self._cell}-{display.k}.{ext}"
+            written = _write_payload(path, display.out["data"][mime], encoding)
+            if written and path not in self._saved:
                 self._saved.append(path)
 
-    def _display_text(self, position: int) -> str:
-        item = self._items[position]
-        assert isinstance(item, dict)
-        data = item["data"]
+    @staticmethod
+    def _file_forms(data: dict[str, Any]) -> list[tuple[str, tuple[str, str]]]:
+        """The forms saved to files: one image (the best form), every other kind with a file
+        form. All forms stay in the outputs."""
+        forms = [(mime, form) for mime in data if (form := file_form(mime))]
+        images = [f for f in forms if f[0] in _IMAGE_PREFERENCE]
+        if len(images) > 1:
+            best = min(images, key=lambda f: _IMAGE_PREFERENCE.index(f[0]))
+            forms = [f for f in forms if f[0] not in _IMAGE_PREFERENCE or f is best]
+        return forms
+
+    def _display_text(self, display: _Display, *, saved: bool = True) -> str:
+        data = display.out["data"]
         lines = [_as_text(data["text/plain"])] if "text/plain" in data else []
-        k = self._file_index.get(position)
+        k = display.k
+        files = dict(self._file_forms(data)) if k is not None else {}
         for mime in data:
-            form = file_form(mime)
-            if form is not None and k is not None:
+            form = files.get(mime)
+            if form is not None and saved:
                 rel = f"outputs/cell{self._cell}-{k}.{form[0]}"
                 lines.append(f"[{mime} saved to {rel}]")
-            elif form is None and mime != "text/plain" and not lines:
+            elif mime != "text/plain" and not lines:
                 lines.append(f"[{mime} output]")
         return "\n".join(lines)
 
@@ -336,7 +439,9 @@ class OutputCollector:
         if self.error is not None and self.error.ename == ename:
             self.error = None
         return ErrorInfo(
-            ename=ename, evalue=str(last.get("evalue", "")), traceback=last["traceback"]
+            ename=ename,
+            evalue=str(last.get("evalue", "")),
+            traceback=[strip_ansi(str(line)) for line in last["traceback"]],
         )
 
     # -- results -------------------------------------------------------------------------------
@@ -344,25 +449,30 @@ class OutputCollector:
         """Close the block: flush pending lines, build the outputs and the text views."""
         self._end_stream_lines()
         self._log.close()
-        outputs = [self._materialise(item) for item in self._items]
-        text = TextBudget(self._limit)
+        for display, _ in self._tail:
+            if not display.written:
+                self._save_files(display)  # the latest displays, kept: now their files
+        views = self._views()
+        parts: list[tuple[str, int, str]] = []
         last_char, previous_stream = "\n", True
-        for position, item in enumerate(self._items):
-            piece = self._piece(position, item)
-            if not piece:
+        for is_stream, piece in views:
+            head, omitted, tail = piece
+            if not (head or omitted or tail):
                 continue
-            is_stream = isinstance(item, _Stream)
             # Streams run on as printed; anything else starts on a line of its own.
-            if text.total and last_char != "\n" and not (previous_stream and is_stream):
-                text.write("\n")
-            text.write(piece)
-            last_char, previous_stream = piece[-1], is_stream
-        output = strip_ansi(text.text())
-        truncated = text.truncated or self._log.truncated
+            if parts and last_char != "\n" and not (previous_stream and is_stream):
+                parts.append(("\n", 0, ""))
+            parts.append(piece)
+            last_char, previous_stream = (tail or head)[-1:], is_stream
+        head, omitted, tail = join_parts(parts, self._limit)
+        output = visible_text(strip_ansi(head))
+        if omitted:
+            output += omitted_marker(omitted, None) + visible_text(strip_ansi(tail))
+        truncated = bool(omitted) or self._log.truncated or self._dropped > 0
         if self._log.spilled_to is not None and truncated:
             output += f"\n[full output in {self._log.spilled_to}]"
         return Collected(
-            outputs=outputs,
+            outputs=self._outputs(),
             output=output,
             stdout=strip_ansi(self._std["stdout"].text()),
             stderr=strip_ansi(self._std["stderr"].text()),
@@ -373,17 +483,74 @@ class OutputCollector:
             execution_count=self.execution_count,
         )
 
-    def _materialise(self, item: NbOutput | _Stream) -> NbOutput:
-        if isinstance(item, _Stream):
-            return {"output_type": "stream", "name": item.name, "text": item.text()}
-        return item
+    def _runs(self) -> list[_Stream | _Display | NbOutput | _Gap]:
+        """The items, each run of dropped displays replaced by a gap that counts them; stream
+        output printed between two dropped displays is folded into the gap (counted too), so
+        a loop that prints and displays stays a bounded list of outputs."""
+        runs: list[_Stream | _Display | NbOutput | _Gap] = []
+        held: list[_Stream] = []  # streams after a gap: folded in if the gap goes on
+        for item in self._items:
+            gap = runs[-1] if runs and isinstance(runs[-1], _Gap) else None
+            if isinstance(item, _Display) and item.dropped:
+                if gap is None:
+                    gap = _Gap()
+                    runs.append(gap)
+                gap.stream_chars += sum(stream.size() for stream in held)
+                gap.displays += 1
+                held = []
+            elif isinstance(item, _Stream) and gap is not None:
+                held.append(item)
+            else:
+                runs.extend(held)
+                held = []
+                runs.append(item)
+        runs.extend(held)
+        return runs
 
-    def _piece(self, position: int, item: NbOutput | _Stream) -> str:
-        if isinstance(item, _Stream):
-            return item.text()
-        if item["output_type"] == "error":
-            return _error_text(item)
-        return self._display_text(position)
+    def _outputs(self) -> list[NbOutput]:
+        outputs: list[NbOutput] = []
+        for item in self._runs():
+            if isinstance(item, _Gap):
+                outputs.append(item.output())
+            elif isinstance(item, _Stream):
+                outputs.append({"output_type": "stream", "name": item.name, "text": item.text()})
+            elif isinstance(item, _Display):
+                outputs.append(item.out)
+            else:
+                outputs.append(item)
+        return outputs
+
+    def _views(self) -> list[tuple[bool, tuple[str, int, str]]]:
+        """(is a stream, (head, omitted, tail)) of each output's text, in order."""
+        views: list[tuple[bool, tuple[str, int, str]]] = []
+        for item in self._runs():
+            if isinstance(item, _Gap):
+                text = item.text()
+            elif isinstance(item, _Stream):
+                views.append((True, item.parts()))
+                continue
+            elif isinstance(item, _Display):
+                text = self._display_text(item)
+            else:
+                text = _error_text(item)
+            views.append((False, (text, 0, "")))
+        return views
+
+
+# Best first: the one image form saved to a file when an output carries several.
+_IMAGE_PREFERENCE = ("image/png", "image/jpeg", "image/gif", "image/svg+xml", "application/pdf")
+_MARKER_ROOM = 80  # characters of each half kept for the "[... N display outputs omitted ...]" line
+_CONTROL_CHARS_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def visible_text(text: str) -> str:
+    """``text`` with control characters (NUL, bell, escape...) written as ``\\xNN``.
+
+    For ``output``, the text a model reads: binary output must not put raw control bytes in
+    it. Newlines and tabs stay as they are; ``stdout`` / ``stderr`` keep the raw text.
+    """
+    text = text.replace("\r\n", "\n")  # a Windows line end is a line end
+    return _CONTROL_CHARS_RE.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def _as_text(value: Any) -> str:
@@ -393,7 +560,9 @@ def _as_text(value: Any) -> str:
 def _error_text(out: NbOutput) -> str:
     traceback = out.get("traceback") or []
     if traceback:
-        return "\n".join(str(line).rstrip("\n") for line in traceback)
+        # As Jupyter shows it: the lines joined, each kept as it is (a frame's trailing
+        # newline is the blank line between frames).
+        return "\n".join(str(line) for line in traceback)
     return f"{out.get('ename')}: {out.get('evalue')}"
 
 

@@ -29,7 +29,7 @@ _IMAGE_SUFFIXES = {
     ".gif": "image/gif",
     ".webp": "image/webp",
 }
-_IMAGE_MIMES = frozenset(_IMAGE_SUFFIXES.values())
+_IMAGE_PREFERENCE = ("image/png", "image/jpeg", "image/gif", "image/webp")  # best first
 
 NbOutput = dict[str, Any]
 """One nbformat v4 output (``stream``, ``display_data``, ``execute_result`` or ``error``)."""
@@ -146,11 +146,15 @@ class ExecutionResult:
             if mime is not None and path.is_file():
                 images.append((mime, path.read_bytes()))
         for out in self.outputs:
-            for mime, payload in (out.get("data") or {}).items():
-                if mime in _IMAGE_MIMES:
-                    raw = payload if isinstance(payload, bytes) else base64.b64decode(payload)
-                    if all(raw != seen for _, seen in images):
-                        images.append((mime, raw))
+            data = out.get("data") or {}
+            # One output is one image: its best form (a PIL image carries PNG and JPEG).
+            mime = next((m for m in _IMAGE_PREFERENCE if m in data), None)
+            if mime is None:
+                continue
+            payload = data[mime]
+            raw = payload if isinstance(payload, bytes) else base64.b64decode(payload)
+            if all(raw != seen for _, seen in images):
+                images.append((mime, raw))
         parts: list[dict[str, Any]] = []
         for mime, raw in images:
             image_url: dict[str, str] = {

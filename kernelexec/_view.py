@@ -72,7 +72,8 @@ def block_footer(result: ExecutionResult, work_dir: Path) -> str:
     status = "ok" if result.ok else ("timed out" if result.timed_out else "failed")
     lines = []
     if result.error is not None and (result.timed_out or result.kernel_died):
-        lines.append(strip_ansi(result.error.evalue or result.error.ename))
+        what = str(result.error) if result.timed_out else result.error.evalue  # "Timeout: ..."
+        lines.append(strip_ansi(what or result.error.ename))
     lines.append(f"── exit {result.exit_code} ({status}) · {result.duration_s:.2f} s")
     for path in result.files:
         lines.append(f"   saved: {_relative(Path(path), work_dir)}")

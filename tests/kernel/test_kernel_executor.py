@@ -154,7 +154,9 @@ def test_exception_is_a_result(ex: KernelExecutor) -> None:
     r = ex.execute("def f():\n    raise ValueError('bad value')\nf()")
     assert r.exit_code == 1
     assert r.error is not None and (r.error.ename, r.error.evalue) == ("ValueError", "bad value")
-    assert any("\x1b[" in line for line in r.error.traceback)  # raw, coloured
+    assert not any("\x1b" in line for line in r.error.traceback)  # plain, as JSON needs
+    raw = next(o for o in r.outputs if o["output_type"] == "error")["traceback"]
+    assert any("\x1b[" in line for line in raw)  # the notebook output keeps the colours
     assert "\x1b" not in r.output
     assert "ValueError: bad value" in r.output
     assert_valid_outputs(r.outputs)

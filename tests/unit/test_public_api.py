@@ -39,6 +39,8 @@ EXPECTED = {
     "FileTooLarge",
     "FileEntry",
     "InvalidPath",
+    "InvalidTimeout",
+    "InvalidWorkDir",
     "KernelBackend",
     "KernelDied",
     "KernelExecError",
@@ -82,6 +84,8 @@ def test_every_name_in_all_exists() -> None:
 def test_errors_are_builtins_too() -> None:
     assert issubclass(kernelexec.ExecutorClosed, RuntimeError)
     assert issubclass(kernelexec.InvalidBlock, ValueError)
+    assert issubclass(kernelexec.InvalidTimeout, ValueError)
+    assert issubclass(kernelexec.InvalidWorkDir, ValueError)
     assert issubclass(kernelexec.ExecutionTimeout, TimeoutError)
     assert issubclass(kernelexec.DockerUnavailable, kernelexec.BackendUnavailable)
     for name in kernelexec.__all__:
