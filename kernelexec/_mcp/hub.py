@@ -198,6 +198,10 @@ class Hub:
         names = self.names()
         return f"Sessions: {', '.join(names)}." if names else "There are no sessions yet."
 
+    async def open(self, name: str) -> Path:
+        """Session ``name``, started if new (or culled); returns its work dir."""
+        return (await self._get_or_create(name)).executor.work_dir
+
     async def _get_or_create(self, name: str) -> _Record:
         if name in self._records:
             return self.record(name)

@@ -53,6 +53,9 @@ as images; other files it writes come back as links. Use `upload_file` / `read_f
 clean kernel, `close_session` when done."""
 
 
+_TOOL_ERRORS = (KernelExecError, ValueError, OSError)
+
+
 def _text(text: str, *, error: bool = False) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=error)
 
@@ -61,7 +64,7 @@ async def _tool_errors(call: Awaitable[CallToolResult]) -> CallToolResult:
     """kernelexec's own errors (and bad arguments) become tool errors the model can read."""
     try:
         return await call
-    except (KernelExecError, ValueError, OSError) as exc:
+    except _TOOL_ERRORS as exc:
         return _text(f"Error: {exc}", error=True)
 
 
@@ -160,6 +163,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         progress = _Progress()
 
         async def run() -> CallToolResult:
+            failure: Exception | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(progress.report, ctx)
                 try:
@@ -170,8 +174,12 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
                         timeout=timeout or default_timeout,
                         on_output=progress.on_output,
                     )
+                except _TOOL_ERRORS as exc:  # raised out of the task group, not in a group
+                    failure = exc
                 finally:
                     tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             return CallToolResult(content=result_content(result, work_dir), is_error=not result.ok)
 
         return await _tool_errors(run())
@@ -215,7 +223,10 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
     async def upload_file(
         path: str, content: str, session: str = "default", encoding: str = "utf-8"
     ) -> CallToolResult:
-        """Write a file into a session's work dir. encoding: utf-8 (text) or base64 (bytes)."""
+        """Write a file into a session's work dir (the session starts if new).
+
+        encoding: utf-8 (text) or base64 (bytes).
+        """
 
         async def call() -> CallToolResult:
             if encoding == "base64":
@@ -227,6 +238,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
                 data = content.encode("utf-8")
             else:
                 raise ValueError("encoding must be 'utf-8' or 'base64'")
+            await hub.open(session)
             target = hub.path(session, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)

@@ -1,0 +1,39 @@
+"""Starting ``kernelexec mcp`` the way an MCP client does: a process spoken to with the SDK."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp_types import CallToolResult, TextContent  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose kernelexec is under test
+
+
+def stdio_params(*args: str) -> StdioServerParameters:
+    """``python -m kernelexec mcp ARGS`` run from this checkout, over stdio."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "kernelexec", "mcp", *args],
+        cwd=str(ROOT),
+        env={"PYTHONPATH": str(ROOT)},
+    )
+
+
+def stdio_client(*args: str) -> Client:
+    return Client(stdio_params(*args), read_timeout_seconds=120)
+
+
+def text(result: CallToolResult) -> str:
+    """The text blocks of a tool result, joined."""
+    return "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+
+
+def kinds(result: CallToolResult) -> list[Any]:
+    return [block.type for block in result.content]
