@@ -261,6 +261,9 @@ def test_nothing_but_protocol_on_stdout() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
     for line in [*lines, *rest.splitlines()]:  # every line a JSON-RPC message, nothing else
         assert json.loads(line)["jsonrpc"] == "2.0", line
     reply = json.loads(lines[-1])["result"]["content"][0]["text"]
