@@ -356,6 +356,7 @@ async def serve_http(
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
         bound = sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="on")
         web = uvicorn.Server(config)
