@@ -6,12 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytest.importorskip("mcp")
-
-from mcp import Client, StdioServerParameters  # noqa: E402
-from mcp_types import CallToolResult, TextContent  # noqa: E402
+from mcp import Client, StdioServerParameters
+from mcp_types import CallToolResult, TextContent
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose kernelexec is under test
 

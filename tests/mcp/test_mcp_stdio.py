@@ -11,7 +11,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from _mcp_client import ROOT, kinds, stdio_client, text
 
 pytestmark = pytest.mark.kernel
@@ -89,7 +88,10 @@ def test_file_tools_are_confined_to_the_work_dir() -> None:
             assert text(seen).startswith("héllo")
             read = await client.call_tool("read_file", {"path": "in/data.txt"})
             assert text(read) == "héllo"
-            png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+            png = (
+                "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAA"
+                "AABJRU5ErkJggg=="
+            )
             await client.call_tool(
                 "upload_file", {"path": "dot.png", "content": png, "encoding": "base64"}
             )
@@ -124,7 +126,10 @@ def test_timeout_keeps_the_session_and_progress_is_reported() -> None:
             async def on_progress(value: float, total: float | None, message: str | None) -> None:
                 progress.append((value, message))
 
-            code = "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(1)"
+            code = (
+                "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+                "    time.sleep(1)"
+            )
             ticked = await client.call_tool(
                 "execute", {"code": code}, progress_callback=on_progress
             )
