@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from .._errors import InvalidBlock, SessionNotFound
+from .._errors import InvalidBlock, SessionLimitReached, SessionNotFound
 from .._executor import AsyncExecutor
 from .._registry import EXECUTORS, executor_entry, make_async_executor
 from .._types import ExecutionResult, NbOutput
@@ -215,7 +215,10 @@ class Hub:
         return await asyncio.shield(task)
 
     async def _create(self, name: str) -> _Record:
-        executor = await self.manager.create(name)
+        try:
+            executor = await self.manager.create(name)
+        except SessionLimitReached as exc:
+            raise SessionLimitReached(f"{exc}; close one first. {self._listing()}") from None
         record = _Record(name=name, executor=executor)
 
         def forward(output: NbOutput) -> None:

@@ -79,6 +79,19 @@ def test_http_on_localhost_keeps_state_and_cancels_blocks(tmp_path: Path) -> Non
                 assert text(after).startswith("5")
                 assert time.monotonic() - started < 30  # the loop was interrupted
 
+            marker.unlink()
+            with anyio.move_on_after(60):  # a client that leaves mid-block
+                async with Client(url) as client, anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "execute", {"code": loop})
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                    tg.cancel_scope.cancel()
+            async with Client(url) as client:  # sessions belong to the server, not a connection
+                started = time.monotonic()
+                after = await client.call_tool("execute", {"code": "print(z + 1)"})
+                assert text(after).startswith("6")
+                assert time.monotonic() - started < 30  # nothing was left running
+
         anyio.run(scenario)
 
 

@@ -191,6 +191,67 @@ def test_a_cancelled_call_interrupts_its_block_and_keeps_the_session(tmp_path: P
     anyio.run(scenario)
 
 
+def test_the_interrupt_tool_stops_a_block_and_keeps_state(tmp_path: Path) -> None:
+    marker = tmp_path / "running"
+    code = (
+        f"import time, pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
+        "while True:\n    time.sleep(0.05)"
+    )
+
+    async def scenario() -> None:
+        async with stdio_client("--max-sessions", "2") as client:
+            idle = await client.call_tool("interrupt", {})
+            assert idle.is_error and "no session named 'default'" in text(idle)
+            await client.call_tool("execute", {"code": "kept = 9"})
+            assert "No block is running" in text(await client.call_tool("interrupt", {}))
+            results = []
+
+            async def run() -> None:
+                results.append(await client.call_tool("execute", {"code": code}))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run)
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                    stopped = await client.call_tool("interrupt", {})
+                    assert text(stopped) == "Interrupted."
+            assert results[0].is_error and "KeyboardInterrupt" in text(results[0])
+            assert text(await client.call_tool("execute", {"code": "print(kept)"})).startswith("9")
+
+            await client.call_tool("execute", {"code": "1", "session": "second"})
+            full = await client.call_tool("execute", {"code": "1", "session": "third"})
+            assert full.is_error and "maximum of 2 sessions" in text(full)
+            assert "Sessions: default, second" in text(full)
+
+    anyio.run(scenario)
+
+
+def test_the_command_executor_runs_each_block_afresh() -> None:
+    async def scenario() -> None:
+        async with stdio_client("--executor", "command") as client:
+            first = await client.call_tool("execute", {"code": "x = 1\nprint('one')"})
+            assert text(first).startswith("one")
+            second = await client.call_tool("execute", {"code": "print(x)"})
+            assert "NameError" in text(second)  # a process per block: no state
+            shell = await client.call_tool("execute", {"code": "echo hi", "language": "sh"})
+            assert text(shell).startswith("hi")
+
+    anyio.run(scenario)
+
+
+def test_cli_refuses_an_unknown_executor() -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "kernelexec", "mcp", "--executor", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "unknown executor 'nope'" in refused.stderr and "docker-kernel" in refused.stderr
+
+
 def test_a_client_that_leaves_mid_block_leaves_nothing_running(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     code = (
