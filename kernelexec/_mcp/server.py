@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent
 
 from .._errors import KernelExecError
@@ -102,6 +103,18 @@ def _link(path: Path, work_dir: Path, size: int) -> ResourceLink:
     )
 
 
+def _execute_result(result: ExecutionResult, work_dir: Path) -> CallToolResult:
+    return CallToolResult(content=result_content(result, work_dir), is_error=not result.ok)
+
+
+def _wants_progress(ctx: Context[Any, Any]) -> bool:
+    """Whether the caller asked for progress notifications (sent a progress token)."""
+    try:
+        return progress_token_from_params(ctx.request_context.params) is not None
+    except Exception:  # an SDK without the helper's shape: report anyway (a no-op if unasked)
+        return True
+
+
 class _Progress:
     """Collects a block's stream output; reports it as progress while the block runs."""
 
@@ -160,9 +173,14 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         language: python, or shell / bash for a shell block. timeout: seconds (default: the
         server's); a block past it is interrupted and the session keeps its state.
         """
-        progress = _Progress()
 
         async def run() -> CallToolResult:
+            if not _wants_progress(ctx):  # the common case: no task next to the block
+                result, work_dir = await hub.execute(
+                    session, code, language, timeout=timeout or default_timeout
+                )
+                return _execute_result(result, work_dir)
+            progress = _Progress()
             failure: Exception | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(progress.report, ctx)
@@ -180,7 +198,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
                     tg.cancel_scope.cancel()
             if failure is not None:
                 raise failure
-            return CallToolResult(content=result_content(result, work_dir), is_error=not result.ok)
+            return _execute_result(result, work_dir)
 
         return await _tool_errors(run())
 
