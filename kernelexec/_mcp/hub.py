@@ -135,12 +135,18 @@ class Hub:
             await self.pool.start()
 
     async def close(self) -> None:
-        """Close every session (their work dirs go with them) and every kernel."""
-        try:
-            await self.manager.close()
-        finally:
-            if self.pool is not None:
-                await self.pool.close()
+        """Close every session (their work dirs go with them) and every kernel.
+
+        Sessions and the pool close side by side: a client gives a stdio server two seconds
+        after closing its stdin, and the pool may first have to wait out a kernel's start.
+        """
+        closing = [self.manager.close()]
+        if self.pool is not None:
+            closing.append(self.pool.close())
+        outcomes = await asyncio.gather(*closing, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def __aenter__(self) -> Hub:
         await self.start()
