@@ -188,12 +188,11 @@ class Hub:
             return record
         if record is not None:  # the manager culled it: say so once, then forget the name
             del self._records[name]
+            why = f"session {name!r} was closed"
             try:
-                self.manager.executor(name)
+                self.manager.executor(name)  # raises, saying why (e.g. "after 600 s idle")
             except SessionNotFound as exc:
                 why = str(exc)
-            else:  # pragma: no cover - the manager holds it after all
-                return record
             raise SessionNotFound(
                 f"{why}; its variables and files are gone. execute() with this name starts a "
                 f"new session. {self._listing()}"
