@@ -335,3 +335,16 @@ def test_nothing_but_protocol_on_stdout() -> None:
     reply = json.loads(lines[-1])["result"]["content"][0]["text"]
     assert "LEAK-FD" in reply and "ok" in reply  # the block's output is in the result instead
     assert proc.returncode == 0
+
+
+def test_the_parser_lists_mcp_without_loading_the_sdk() -> None:
+    probe = (
+        "import sys\nfrom kernelexec.cli import build_parser\n"
+        "build_parser().parse_args(['mcp', '--http'])\n"
+        "print(sorted(m for m in ('mcp', 'uvicorn', 'jupyter_client') if m in sys.modules))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "[]"
