@@ -82,8 +82,10 @@ def result_content(result: ExecutionResult, work_dir: Path) -> list[ContentBlock
     text = result.output.rstrip("\n") or "(no output)"
     blocks: list[ContentBlock] = [TextContent(type="text", text=f"{text}\n[{_status(result)}]")]
     for path in result.files:
+        if not path.is_file():  # removed since the block ended
+            continue
         mime = _IMAGE_TYPES.get(path.suffix.lower())
-        size = path.stat().st_size if path.exists() else 0
+        size = path.stat().st_size
         if mime is not None and size <= MAX_INLINE_IMAGE:
             data = base64.b64encode(path.read_bytes()).decode("ascii")
             blocks.append(ImageContent(type="image", data=data, mime_type=mime))
@@ -124,6 +126,8 @@ class _Progress:
     def on_output(self, output: NbOutput) -> None:
         if output.get("output_type") == "stream":
             self.pending.append(str(output.get("text", "")))
+            if len(self.pending) > 256:  # a chatty block: only the tail is reported
+                self.pending = ["".join(self.pending)[-2000:]]
 
     async def report(self, ctx: Context[Any, Any]) -> None:
         start = time.monotonic()
