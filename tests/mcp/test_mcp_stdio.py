@@ -99,6 +99,11 @@ def test_file_tools_are_confined_to_the_work_dir() -> None:
             files = json.loads(text(await client.call_tool("list_files", {})))["files"]
             paths = {f["path"] for f in files}
             assert {"in/data.txt", "dot.png", "session.ipynb"} <= paths  # the session notebook
+            notebook = json.loads(
+                text(await client.call_tool("read_file", {"path": "session.ipynb"}))
+            )
+            sources = ["".join(cell["source"]) for cell in notebook["cells"]]
+            assert any("in/data.txt" in source for source in sources)  # the blocks run so far
 
             for bad in ("../outside.txt", "/etc/passwd", "in/../../x", "~/x"):
                 refused = await client.call_tool("upload_file", {"path": bad, "content": "x"})
