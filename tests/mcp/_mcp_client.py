@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,14 @@ def stdio_params(*args: str) -> StdioServerParameters:
         command=sys.executable,
         args=["-m", "kernelexec", "mcp", *args],
         cwd=str(ROOT),
-        env={"PYTHONPATH": str(ROOT)},
+        env=server_env(),
     )
+
+
+def server_env() -> dict[str, str]:
+    """The SDK gives a server only a few variables; pass on what the back ends read too."""
+    passed = {k: v for k, v in os.environ.items() if k.startswith(("DOCKER_", "KERNELEXEC_"))}
+    return {**passed, "PYTHONPATH": str(ROOT)}
 
 
 def stdio_client(*args: str) -> Client:
