@@ -292,13 +292,20 @@ class Hub:
         return True
 
     async def restart(self, name: str) -> None:
-        self.record(name)
+        """A clean kernel; a block still running is interrupted first rather than waited for."""
+        await self._interrupt_if_busy(self.record(name))
         await self.manager.restart(name)
 
     async def close_session(self, name: str) -> None:
-        self.record(name)
+        """Stop the session (a running block is interrupted first); its work dir goes too."""
+        await self._interrupt_if_busy(self.record(name))
         await self.manager.close_session(name)
         self._records.pop(name, None)
+
+    async def _interrupt_if_busy(self, record: _Record) -> None:
+        interrupt = getattr(record.executor, "interrupt", None)
+        if record.busy and interrupt is not None:
+            await interrupt()
 
     # -- files -----------------------------------------------------------------------------
     def path(self, name: str, relative: str) -> Path:

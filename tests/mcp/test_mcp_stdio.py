@@ -229,6 +229,16 @@ def test_the_interrupt_tool_stops_a_block_and_keeps_state(tmp_path: Path) -> Non
             assert full.is_error and "maximum of 2 sessions" in text(full)
             assert "Sessions: default, second" in text(full)
 
+            marker.unlink()
+            with anyio.fail_after(60):  # closing a session does not wait for its running block
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run)
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                    closed = await client.call_tool("close_session", {})
+                    assert not closed.is_error, text(closed)
+            assert "KeyboardInterrupt" in text(results[1])
+
     anyio.run(scenario)
 
 
