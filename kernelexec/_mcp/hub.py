@@ -11,6 +11,7 @@ nothing keeps running behind a client that left.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,12 +22,14 @@ from typing import Any
 import anyio
 
 from .._errors import InvalidBlock, SessionLimitReached, SessionNotFound
-from .._executor import AsyncExecutor
+from .._executor import AsyncExecutor, error_result
 from .._registry import EXECUTORS, executor_entry, make_async_executor
 from .._types import ExecutionResult, NbOutput
 from .._workdir import INTERNAL_DIR, resolve_inside
 from ..backends.base import KernelBackend
 from ..pool import AsyncKernelPool, AsyncSessionManager, PoolOptions, SessionOptions
+
+log = logging.getLogger(__name__)
 
 #: executor names whose sessions are kernels, so they can come from a warm pool
 POOLED = ("kernel", "docker-kernel", "gateway")
@@ -73,6 +76,8 @@ class _Record:
     blocks: int = 0
     busy: bool = False
     listener: OutputListener | None = None
+    run: asyncio.Future[ExecutionResult] | None = None  # the block running now
+    stopped: bool = False  # its process was stopped by interrupt() (stateless executors)
     notebook_dirty: bool = False
 
 
@@ -253,14 +258,18 @@ class Hub:
         async with record.lock:
             record.busy, record.listener = True, on_output
             run = asyncio.ensure_future(self.manager.execute(name, code, language, timeout=timeout))
+            record.run, record.stopped = run, False
             try:
                 result = await asyncio.shield(run)
             except asyncio.CancelledError:
-                with anyio.CancelScope(shield=True):
-                    await self._stop(record, run)
-                raise
+                if not (record.stopped and run.cancelled()):  # the caller was cancelled
+                    with anyio.CancelScope(shield=True):
+                        await self._stop(record, run)
+                    raise
+                message = "Interrupted: the block's process was stopped."
+                result = error_result(message, language=language, ename="KeyboardInterrupt")
             finally:
-                record.busy, record.listener = False, None
+                record.busy, record.listener, record.run = False, None, None
                 record.last_used = time.monotonic()
             record.blocks += 1
             record.notebook_dirty = True
@@ -272,8 +281,8 @@ class Hub:
             try:
                 await interrupt()
                 await asyncio.wait_for(asyncio.shield(run), _STOP_GRACE)
-            except Exception:
-                pass
+            except Exception:  # the kernel did not stop in time: the block is cancelled below
+                log.debug("session %r: the interrupt did not end the block", record.name)
         if not run.done():
             run.cancel()
         await asyncio.gather(run, return_exceptions=True)
@@ -283,12 +292,7 @@ class Hub:
         record = self.record(name)
         if not record.busy:
             return False
-        interrupt = getattr(record.executor, "interrupt", None)
-        if interrupt is None:
-            raise InvalidBlock(
-                f"the {self.options.executor} executor cannot interrupt a block (no kernel)"
-            )
-        await interrupt()
+        await self._interrupt_block(record)
         return True
 
     async def restart(self, name: str) -> None:
@@ -303,9 +307,17 @@ class Hub:
         self._records.pop(name, None)
 
     async def _interrupt_if_busy(self, record: _Record) -> None:
+        if record.busy:
+            await self._interrupt_block(record)
+
+    async def _interrupt_block(self, record: _Record) -> None:
+        """A kernel gets an interrupt (state kept); a stateless block's process is stopped."""
         interrupt = getattr(record.executor, "interrupt", None)
-        if record.busy and interrupt is not None:
+        if interrupt is not None:
             await interrupt()
+        elif record.run is not None and not record.run.done():
+            record.stopped = True
+            record.run.cancel()
 
     # -- files -----------------------------------------------------------------------------
     def path(self, name: str, relative: str) -> Path:

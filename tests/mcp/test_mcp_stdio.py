@@ -242,7 +242,13 @@ def test_the_interrupt_tool_stops_a_block_and_keeps_state(tmp_path: Path) -> Non
     anyio.run(scenario)
 
 
-def test_the_command_executor_runs_each_block_afresh() -> None:
+def test_the_command_executor_runs_each_block_afresh(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    loop = (
+        f"import os, time, pathlib\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        "while True:\n    time.sleep(0.05)"
+    )
+
     async def scenario() -> None:
         async with stdio_client("--executor", "command") as client:
             first = await client.call_tool("execute", {"code": "x = 1\nprint('one')"})
@@ -251,6 +257,26 @@ def test_the_command_executor_runs_each_block_afresh() -> None:
             assert "NameError" in text(second)  # a process per block: no state
             shell = await client.call_tool("execute", {"code": "echo hi", "language": "sh"})
             assert text(shell).startswith("hi")
+
+            results = []
+
+            async def run() -> None:
+                results.append(await client.call_tool("execute", {"code": loop}))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run)
+                    while not pid_file.exists() or not pid_file.read_text():
+                        await anyio.sleep(0.05)
+                    stopped = await client.call_tool("interrupt", {})
+                    assert text(stopped) == "Interrupted.", text(stopped)
+            assert results[0].is_error and "process was stopped" in text(results[0])
+            pid, deadline = int(pid_file.read_text()), time.monotonic() + 30
+            while _alive(pid) and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            assert not _alive(pid), "the block's process outlived the interrupt"
+            after = await client.call_tool("execute", {"code": "print('next')"})
+            assert text(after).startswith("next")
 
     anyio.run(scenario)
 
