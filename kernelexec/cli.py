@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import KernelExecError, UnknownExecutor
 from ._extract import extract_code_blocks, normalize_language
+from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_docker(sub)
     _add_bench(sub)
     _add_chat(sub)
+    add_mcp_command(sub)
     return parser
 
 

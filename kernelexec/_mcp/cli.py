@@ -1,0 +1,127 @@
+"""The ``kernelexec mcp`` sub-command (registered by ``kernelexec.cli``).
+
+Building the parser imports nothing heavy; ``cmd_mcp`` checks that the ``mcp`` extra is installed
+before it loads the SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import sys
+from typing import Any
+
+from .._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES
+
+INSTALL_HINT = 'pip install "kernelexec[mcp]"'
+TOKEN_ENV = "KERNELEXEC_MCP_TOKEN"
+EXIT_USAGE = 2
+
+
+def add_mcp_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mcp = sub.add_parser(
+        "mcp",
+        help="serve stateful kernels to MCP clients (Claude, Cursor, agent SDKs)",
+        description="An MCP server whose tools run code in stateful sessions: execute, "
+        "list_sessions, restart, interrupt, close_session, upload_file, read_file, list_files. "
+        "stdio by default; --http serves streamable HTTP on 127.0.0.1.",
+    )
+    mcp.add_argument(
+        "--executor",
+        default=DEFAULT_EXECUTOR,
+        metavar="NAME",
+        help=f"what runs the blocks: {', '.join(EXECUTOR_NAMES)} (default: {DEFAULT_EXECUTOR}; "
+        "docker-kernel for untrusted use)",
+    )
+    mcp.add_argument("--image", help="the Docker image of the docker executors")
+    mcp.add_argument("--timeout", type=float, default=60.0, help="default seconds per block")
+    mcp.add_argument("--max-sessions", type=int, default=8, help="most sessions at once")
+    mcp.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=1800.0,
+        help="close a session unused this many seconds (0: never; default 1800)",
+    )
+    mcp.add_argument(
+        "--warm", type=int, default=1, help="kernels kept started ahead of use (default 1)"
+    )
+    http = mcp.add_argument_group("streamable HTTP")
+    http.add_argument("--http", action="store_true", help="serve streamable HTTP, not stdio")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
+    http.add_argument(
+        "--token",
+        help=f"bearer token clients must send (default: ${TOKEN_ENV}); required off 127.0.0.1",
+    )
+    remote = mcp.add_argument_group("gateway executor")
+    remote.add_argument("--remote", metavar="URL", help="the Kernel / Enterprise Gateway's URL")
+    remote.add_argument("--remote-token", help="the gateway's token")
+    remote.add_argument("--remote-user", metavar="NAME", help="sent as KERNEL_USERNAME")
+    mcp.set_defaults(func=cmd_mcp)
+
+
+def _hub_options(args: argparse.Namespace) -> Any:
+    from .hub import HubOptions
+
+    extra: dict[str, Any] = {}
+    if args.image:
+        extra["image"] = args.image
+    if args.remote:
+        if args.executor not in {DEFAULT_EXECUTOR, "gateway"}:
+            raise SystemExit("kernelexec: --remote runs a gateway kernel; drop --executor")
+        args.executor = "gateway"
+        extra.update(url=args.remote, token=args.remote_token, user=args.remote_user)
+    elif args.executor == "gateway":
+        raise SystemExit("kernelexec: the gateway executor needs --remote URL")
+    return HubOptions(
+        executor=args.executor,
+        timeout=args.timeout,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout or None,
+        warm=args.warm,
+        executor_options=extra,
+    )
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("mcp") is None:
+        print(f"kernelexec: the mcp server needs the mcp extra: {INSTALL_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    from .hub import Hub
+    from .server import check_bind, serve_http, serve_stdio
+
+    try:
+        options = _hub_options(args)
+    except ValueError as exc:
+        print(f"kernelexec: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.http:
+        try:
+            check_bind(args.host, token)
+        except PermissionError as exc:
+            print(f"kernelexec: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    hub = Hub(options)
+    serve = (
+        serve_http(hub, host=args.host, port=args.port, token=token)
+        if args.http
+        else serve_stdio(hub)
+    )
+    asyncio.run(_until_signalled(serve))
+    return 0
+
+
+async def _until_signalled(serve: Any) -> None:
+    """Run ``serve``; SIGTERM / SIGINT cancel it, so sessions and kernels are shut down."""
+    task = asyncio.ensure_future(serve)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

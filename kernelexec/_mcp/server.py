@@ -1,0 +1,391 @@
+"""The MCP tools over a ``Hub``, built with the official ``mcp`` SDK (the ``mcp`` extra).
+
+``build_server(hub)`` returns an ``MCPServer`` whose tools are ``execute``, ``list_sessions``,
+``restart``, ``interrupt``, ``close_session``, ``upload_file``, ``read_file`` and ``list_files``.
+A tool's failure (unknown session, a path outside the work dir, ...) is a tool error the model
+reads, never a protocol error. ``serve_stdio`` and ``serve_http`` run it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hmac
+import json
+import mimetypes
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent
+
+from .._errors import KernelExecError
+from .._types import ExecutionResult, NbOutput
+from .._version import __version__
+from .hub import Hub
+
+#: images larger than this are linked, not inlined
+MAX_INLINE_IMAGE = 5 * 1024 * 1024
+#: read_file returns at most this many bytes
+MAX_READ = 2 * 1024 * 1024
+#: progress notifications start after a block ran this long, and repeat at this interval
+PROGRESS_AFTER = 1.0
+_IMAGE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+}
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+INSTRUCTIONS = """\
+Run code in stateful IPython kernels. `execute` runs a block in a named session (created on first
+use; "default" if none is given): variables, imports and files persist across calls. A block
+past its timeout is interrupted and the session keeps its state. Images a block shows come back
+as images; other files it writes come back as links. Use `upload_file` / `read_file` /
+`list_files` for the session's work dir, `interrupt` to stop a running block, `restart` for a
+clean kernel, `close_session` when done."""
+
+
+_TOOL_ERRORS = (KernelExecError, ValueError, OSError)
+
+
+def _text(text: str, *, error: bool = False) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=error)
+
+
+async def _tool_errors(call: Awaitable[CallToolResult]) -> CallToolResult:
+    """kernelexec's own errors (and bad arguments) become tool errors the model can read."""
+    try:
+        return await call
+    except _TOOL_ERRORS as exc:
+        return _text(f"Error: {exc}", error=True)
+
+
+def _status(result: ExecutionResult) -> str:
+    if result.timed_out:
+        return "timed out (the session and its state are kept)"
+    if result.state_lost:
+        return "failed; the kernel was restarted and its state was lost"
+    return "ok" if result.ok else f"failed (exit code {result.exit_code})"
+
+
+def result_content(result: ExecutionResult, work_dir: Path) -> list[ContentBlock]:
+    """The text an LLM reads, each image as image content, other files as resource links."""
+    text = result.output.rstrip("\n") or "(no output)"
+    blocks: list[ContentBlock] = [TextContent(type="text", text=f"{text}\n[{_status(result)}]")]
+    for path in result.files:
+        if not path.is_file():  # removed since the block ended
+            continue
+        mime = _IMAGE_TYPES.get(path.suffix.lower())
+        size = path.stat().st_size
+        if mime is not None and size <= MAX_INLINE_IMAGE:
+            data = base64.b64encode(path.read_bytes()).decode("ascii")
+            blocks.append(ImageContent(type="image", data=data, mime_type=mime))
+            continue
+        blocks.append(_link(path, work_dir, size))
+    return blocks
+
+
+def _link(path: Path, work_dir: Path, size: int) -> ResourceLink:
+    try:
+        name = path.resolve().relative_to(work_dir.resolve()).as_posix()
+    except ValueError:
+        name = path.name
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return ResourceLink(
+        type="resource_link", name=name, uri=path.resolve().as_uri(), mime_type=mime, size=size
+    )
+
+
+def _execute_result(result: ExecutionResult, work_dir: Path) -> CallToolResult:
+    return CallToolResult(content=result_content(result, work_dir), is_error=not result.ok)
+
+
+def _wants_progress(ctx: Context[Any, Any]) -> bool:
+    """Whether the caller asked for progress notifications (sent a progress token)."""
+    try:
+        return progress_token_from_params(ctx.request_context.params) is not None
+    except Exception:  # an SDK without the helper's shape: report anyway (a no-op if unasked)
+        return True
+
+
+class _Progress:
+    """Collects a block's stream output; reports it as progress while the block runs."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+
+    def on_output(self, output: NbOutput) -> None:
+        if output.get("output_type") == "stream":
+            self.pending.append(str(output.get("text", "")))
+            if len(self.pending) > 256:  # a chatty block: only the tail is reported
+                self.pending = ["".join(self.pending)[-2000:]]
+
+    async def report(self, ctx: Context[Any, Any]) -> None:
+        start = time.monotonic()
+        await anyio.sleep(PROGRESS_AFTER)
+        while True:
+            chunk, self.pending = "".join(self.pending), []
+            elapsed = round(time.monotonic() - start, 1)
+            message = chunk[-2000:] if chunk else f"running for {elapsed:g} s"
+            await ctx.report_progress(elapsed, None, message)
+            await anyio.sleep(PROGRESS_AFTER)
+
+
+def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
+    """An ``MCPServer`` with kernelexec's tools over ``hub``.
+
+    With ``manage_hub`` the server starts the hub when it starts serving and closes it when it
+    stops (stdio: one connection). Over HTTP the caller runs the hub around the web server.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer[Any]) -> AsyncIterator[None]:
+        if not manage_hub:
+            yield
+            return
+        async with hub:
+            yield
+
+    server: MCPServer[Any] = MCPServer(
+        "kernelexec",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        log_level="WARNING",
+    )
+    default_timeout = hub.options.timeout
+
+    @server.tool()
+    async def execute(
+        code: str,
+        ctx: Context[Any, Any],
+        language: str = "python",
+        session: str = "default",
+        timeout: float | None = None,
+    ) -> CallToolResult:
+        """Run a code block in a session (created on first use); state persists across calls.
+
+        language: python, or shell / bash for a shell block. timeout: seconds (default: the
+        server's); a block past it is interrupted and the session keeps its state.
+        """
+
+        async def run() -> CallToolResult:
+            if not _wants_progress(ctx):  # the common case: no task next to the block
+                result, work_dir = await hub.execute(
+                    session, code, language, timeout=timeout or default_timeout
+                )
+                return _execute_result(result, work_dir)
+            progress = _Progress()
+            failure: Exception | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(progress.report, ctx)
+                try:
+                    result, work_dir = await hub.execute(
+                        session,
+                        code,
+                        language,
+                        timeout=timeout or default_timeout,
+                        on_output=progress.on_output,
+                    )
+                except _TOOL_ERRORS as exc:  # raised out of the task group, not in a group
+                    failure = exc
+                finally:
+                    tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+            return _execute_result(result, work_dir)
+
+        return await _tool_errors(run())
+
+    @server.tool()
+    async def list_sessions() -> CallToolResult:
+        """The live sessions: name, executor, work dir, blocks run, busy, seconds idle."""
+        return _text(json.dumps({"sessions": hub.describe()}, indent=1))
+
+    @server.tool()
+    async def restart(session: str = "default") -> CallToolResult:
+        """Restart a session's kernel: a clean state, the same work dir and files."""
+
+        async def call() -> CallToolResult:
+            await hub.restart(session)
+            return _text(f"Session {session!r} restarted; its variables are gone, files kept.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def interrupt(session: str = "default") -> CallToolResult:
+        """Interrupt the block running in a session; the session keeps its state."""
+
+        async def call() -> CallToolResult:
+            ran = await hub.interrupt(session)
+            return _text("Interrupted." if ran else f"No block is running in {session!r}.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def close_session(session: str = "default") -> CallToolResult:
+        """Close a session: its kernel stops, its work dir and files are removed."""
+
+        async def call() -> CallToolResult:
+            await hub.close_session(session)
+            return _text(f"Session {session!r} closed.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def upload_file(
+        path: str, content: str, session: str = "default", encoding: str = "utf-8"
+    ) -> CallToolResult:
+        """Write a file into a session's work dir (the session starts if new).
+
+        encoding: utf-8 (text) or base64 (bytes).
+        """
+
+        async def call() -> CallToolResult:
+            if encoding == "base64":
+                try:
+                    data = base64.b64decode(content, validate=True)
+                except binascii.Error as exc:
+                    raise ValueError(f"content is not valid base64: {exc}") from None
+            elif encoding in {"utf-8", "utf8", "text"}:
+                data = content.encode("utf-8")
+            else:
+                raise ValueError("encoding must be 'utf-8' or 'base64'")
+            await hub.open(session)
+            target = hub.path(session, path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            return _text(f"Wrote {len(data)} bytes to {path} in session {session!r}.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def read_file(path: str, session: str = "default") -> CallToolResult:
+        """Read a file from a session's work dir: text as text, images as images."""
+
+        async def call() -> CallToolResult:
+            target = hub.path(session, path)
+            if not target.is_file():
+                raise ValueError(f"no such file in the work dir: {path}")
+            size = target.stat().st_size
+            mime = _IMAGE_TYPES.get(target.suffix.lower())
+            if mime is not None and size <= MAX_INLINE_IMAGE:
+                data = base64.b64encode(target.read_bytes()).decode("ascii")
+                return CallToolResult(
+                    content=[ImageContent(type="image", data=data, mime_type=mime)]
+                )
+            with target.open("rb") as handle:
+                raw = handle.read(MAX_READ)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                link = _link(target, hub.path(session, "."), size)
+                note = TextContent(type="text", text=f"{path} is binary ({size} bytes).")
+                return CallToolResult(content=[note, link])
+            if size > MAX_READ:
+                text += f"\n[... truncated: the file has {size} bytes; read the first {MAX_READ}]"
+            return _text(text)
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def list_files(path: str = ".", session: str = "default") -> CallToolResult:
+        """The files under a folder of a session's work dir (recursive), with their sizes."""
+
+        async def call() -> CallToolResult:
+            return _text(json.dumps({"files": hub.list_files(session, path)}, indent=1))
+
+        return await _tool_errors(call())
+
+    return server
+
+
+# -- transports -------------------------------------------------------------------------------
+
+
+async def serve_stdio(hub: Hub) -> None:
+    """Serve over stdin/stdout until the client closes stdin.
+
+    The SDK points fd 1 at stderr while it serves; the hub (and so every kernel) starts inside
+    that, so a kernel's stray output never lands between protocol messages.
+    """
+    await build_server(hub).run_stdio_async()
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without a bearer token."""
+    if host not in _LOCAL_HOSTS and not token:
+        raise PermissionError(
+            f"refusing to listen on {host} without a bearer token: anyone who can reach it could "
+            "run code here. Set KERNELEXEC_MCP_TOKEN (or --token), or bind 127.0.0.1."
+        )
+
+
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
+    """An ASGI wrapper answering 401 to any HTTP request without ``Authorization: Bearer``."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"text/plain"),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"missing or wrong token\n"})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+async def serve_http(
+    hub: Hub, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None
+) -> None:
+    """Serve streamable HTTP at ``http://host:port/mcp``; prints the URL on stderr when ready."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    check_bind(host, token)
+    server = build_server(hub, manage_hub=False)
+    security = None
+    if host not in _LOCAL_HOSTS:  # the token guards it; the Host header is whatever clients use
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app: ASGIApp = server.streamable_http_app(host=host, transport_security=security)
+    if token:
+        app = require_bearer(app, token)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
+        bound = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        web = uvicorn.Server(config)
+        async with hub:
+            shown = f"[{host}]" if ":" in host else host
+            print(f"kernelexec mcp: listening on http://{shown}:{bound}/mcp", file=sys.stderr)
+            sys.stderr.flush()
+            await web.serve(sockets=[sock])
+    finally:
+        sock.close()
