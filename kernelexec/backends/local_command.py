@@ -26,19 +26,24 @@ _DRAIN_GRACE = 0.2
 
 
 def resolve_python(python: str | os.PathLike[str] | None) -> str:
-    """An interpreter path from a python executable, a virtualenv folder, or None (this one)."""
+    """An absolute interpreter path from a python executable, a virtualenv folder, or None.
+
+    A relative path is relative to the caller's current directory now, not to the work dir the
+    block later runs in. Symlinks are kept: a virtualenv's ``python`` is one, and resolving it
+    would leave the virtualenv.
+    """
     if python is None:
         return sys.executable
     path = Path(python)
     if path.is_dir():
         for candidate in (path / "bin" / "python", path / "Scripts" / "python.exe"):
             if candidate.exists():
-                return str(candidate)
+                return os.path.abspath(candidate)
         raise BackendUnavailable(f"no Python interpreter found in virtualenv {path}")
     found = shutil.which(str(python))
     if found is None:
         raise BackendUnavailable(f"Python interpreter not found: {python}")
-    return found
+    return os.path.abspath(found)
 
 
 class LocalCommand(CommandBackend):
