@@ -21,7 +21,8 @@ def test_relative_python_is_resolved_against_the_callers_cwd(
     target = sys.executable if form == "interpreter" else sys.prefix
     relative = os.path.relpath(target)
     assert not os.path.isabs(relative)
-    with CommandLineExecutor(python=relative, work_dir=tmp_path / "deeper" / "work", timeout=30) as ex:
+    work = tmp_path / "deeper" / "work"
+    with CommandLineExecutor(python=relative, work_dir=work, timeout=30) as ex:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
         result = ex.execute("import sys\nprint(sys.prefix)")
     assert result.ok, result.output

@@ -1,0 +1,158 @@
+"""Processes that leave the block's session die with the block (issue 13.3), command back end.
+
+Each escape form (a new session, ``setsid``, a double fork, ``nohup ... &``) runs under each
+containment mechanism this host has; the escaped process writes its pid to a file, and must be
+gone once the block has ended or timed out. The cgroups made for the blocks are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelexec import CommandLineExecutor
+from kernelexec.backends import _containment
+from kernelexec.backends.local_command import LocalCommand
+
+# Each snippet starts a process that escapes the block's process group and session; that
+# process writes its own pid to ``pidfile`` and then sleeps.
+ESCAPES = {
+    "new-session": """
+        subprocess.Popen([sys.executable, "-c",
+            "import os, time; open('{pidfile}', 'w').write(str(os.getpid())); time.sleep(300)"],
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """,
+    "setsid": """
+        subprocess.Popen(["setsid", "sh", "-c", "echo $$ > {pidfile}; exec sleep 300"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """,
+    "double-fork": """
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.closerange(0, 3)
+                open('{pidfile}', 'w').write(str(os.getpid()))
+                time.sleep(300)
+            os._exit(0)
+    """,
+    "nohup": """
+        subprocess.Popen("nohup sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 &",
+            shell=True)
+    """,
+}
+
+
+def escape_block(form: str, pidfile: Path, *, then_sleep: float = 0) -> str:
+    """A python block that starts ``form``, waits until its pid is written, then sleeps."""
+    start = textwrap.dedent(ESCAPES[form]).format(pidfile=pidfile)
+    return (
+        "import os, subprocess, sys, time\n"
+        f"{start}\n"
+        f"while not os.path.exists({str(pidfile)!r}) or not open({str(pidfile)!r}).read():\n"
+        "    time.sleep(0.01)\n"
+        "print('escaped', flush=True)\n"
+        f"time.sleep({then_sleep})\n"
+    )
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
+
+
+def gone_within(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not running(pid):
+            return True
+        time.sleep(0.05)
+    return not running(pid)
+
+
+def our_cgroups() -> list[Path]:
+    """The cgroups this test process's executors made and have not removed."""
+    found: list[Path] = []
+    for flavour in ("v2", "v1"):
+        parent = _containment._cgroup_parent(flavour)
+        if parent is not None:
+            found += parent.glob(f"kernelexec-{os.getpid()}-*")
+    return found
+
+
+def mechanisms() -> list[str]:
+    """Every mechanism that contains escapes and that this host offers; the rest skip, saying so."""
+    params = []
+    for name in ("cgroup-v2", "cgroup-v1", "subreaper"):
+        try:
+            _containment.mechanism(name)
+            marks = []
+        except Exception as exc:
+            marks = [pytest.mark.skip(reason=f"{name} not available on this host: {exc}")]
+        params.append(pytest.param(name, marks=marks))
+    return params
+
+
+def kill_leftover(pidfile: Path) -> None:
+    """Never leave a process behind, even when the test fails."""
+    if pidfile.exists() and pidfile.read_text().strip().isdigit():
+        pid = int(pidfile.read_text())
+        if running(pid):
+            os.kill(pid, 9)
+
+
+@pytest.fixture(params=mechanisms())
+def ex(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CommandLineExecutor]:
+    backend = LocalCommand(containment=request.param)
+    work = tmp_path_factory.mktemp("work")
+    with CommandLineExecutor(backend=backend, work_dir=work, timeout=30) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize("form", list(ESCAPES))
+@pytest.mark.parametrize("ending", ["block-end", "timeout"])
+def test_escaped_process_dies_with_the_block(
+    ex: CommandLineExecutor, form: str, ending: str, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    try:
+        if ending == "block-end":
+            result = ex.execute(escape_block(form, pidfile))
+            assert result.ok, result.output
+        else:
+            result = ex.execute(escape_block(form, pidfile, then_sleep=60), timeout=3)
+            assert result.timed_out, result.output
+        assert "escaped" in result.output
+        pid = int(pidfile.read_text())
+        assert gone_within(pid), f"{form} escaped {ex.backend.containment} after {ending}"
+        assert ex.execute("print('still usable')").output == "still usable\n"
+        assert our_cgroups() == []  # one cgroup per block, removed when the block ends
+    finally:
+        kill_leftover(pidfile)
+
+
+def test_auto_picks_the_strongest_mechanism_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_containment.ENV_VAR, raising=False)
+    has_cgroup = bool(_containment._cgroup_parent("v2") or _containment._cgroup_parent("v1"))
+    expected = "cgroup" if has_cgroup else "subreaper"
+    assert LocalCommand().containment == expected
+
+
+def test_environment_variable_overrides_and_bad_values_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(_containment.ENV_VAR, "process-group")
+    assert LocalCommand().containment == "process-group"
+    assert LocalCommand(containment="subreaper").containment == "subreaper"
+    monkeypatch.setenv(_containment.ENV_VAR, "jail")
+    with pytest.raises(ValueError, match="containment must be one of"):
+        LocalCommand()
