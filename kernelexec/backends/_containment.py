@@ -119,10 +119,11 @@ class _GroupJail(Jail):
         self._pgid: int | None = None
 
     def started(self, pid: int) -> None:
-        self._pgid = pid
+        if pid > 0:  # never 0: killpg(0) would be our own group
+            self._pgid = pid
 
     def kill(self) -> None:
-        if self._pgid is not None:
+        if self._pgid is not None and self._pgid > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pgid, signal.SIGKILL)
 
@@ -142,7 +143,8 @@ class _SubreaperJail(_GroupJail):
 
     def started(self, pid: int) -> None:
         super().started(pid)
-        self._pid = pid
+        if pid > 0:
+            self._pid = pid
 
     def kill(self) -> None:
         if self._pid is None:

@@ -17,6 +17,7 @@ import signal
 import sys
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def _children_of(parents: set[int]) -> set[int]:
@@ -77,6 +78,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"kernelexec reaper: fork failed: {exc}\n")
         return 125
     if child == 0:
+        # If the helper itself is killed (SIGKILL to it alone), its direct child goes too.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         try:
             os.execvp(argv[0], argv)
         except OSError as exc:

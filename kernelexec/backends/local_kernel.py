@@ -2,8 +2,15 @@
 
 The kernel is any installed kernelspec (``python3`` by default) or, given ``python=``, that
 interpreter (or virtualenv) running ``ipykernel_launcher``. jupyter_client starts it in a session
-of its own, so interrupts and kills reach the whole process group; after shutdown the group is
-killed too, so a child a block forked does not outlive the executor.
+of its own, so interrupts reach the whole process group. It also runs in a jail of its own
+(``_containment``: a cgroup, a subreaper, or the process group alone): on ``restart()`` and
+``shutdown()`` everything in the jail is killed, including what a block started in a new session
+(``setsid``, a double fork, ``nohup ... &``), and the cgroup is removed.
+
+The kernel process's own stdout and stderr (``os.write(1, ...)``, a child process's output,
+ipykernel's echo of captured output) go to ``kernel.log`` in its private runtime dir, never to
+the host's: a host whose stdout is a protocol channel stays clean. What a block prints still
+reaches its result through the messaging protocol.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +31,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKerne
 from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
+from . import _containment
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 
@@ -45,6 +54,23 @@ class _InterpreterSpecs(KernelSpecManager):
         return self._spec
 
 
+class _WrappedSpecs(KernelSpecManager):
+    """Serves another manager's kernelspecs with their argv run through a jail's ``wrap``."""
+
+    def __init__(self, base: KernelSpecManager, wrap: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._base, self._wrap = base, wrap
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        spec = self._base.get_kernel_spec(kernel_name)
+        argv = list(spec.argv)
+        if argv and argv[0] in {"python", "python3", f"python3.{sys.version_info[1]}"}:
+            argv[0] = sys.executable  # as jupyter_client does for a bare "python"
+        fields = spec.to_dict()
+        fields["argv"] = self._wrap(argv)
+        return KernelSpec(resource_dir=spec.resource_dir, **fields)
+
+
 class LocalKernel(KernelBackend):
     """A kernel process on this machine."""
 
@@ -56,10 +82,14 @@ class LocalKernel(KernelBackend):
         kernel_name: str = "python3",
         python: str | os.PathLike[str] | None = None,
         shutdown_wait: float = _SHUTDOWN_WAIT,
+        containment: str | None = None,
     ) -> None:
         self.kernel_name = kernel_name
         self.python = None if python is None else resolve_python(python)
         self.shutdown_wait = shutdown_wait
+        #: how the kernel's processes are held, as for ``LocalCommand.containment``
+        self.containment = _containment.mechanism(containment)
+        self._jail: _containment.Jail | None = None
         self._km: AsyncKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._pgid: int | None = None
@@ -95,14 +125,42 @@ class LocalKernel(KernelBackend):
 
     async def _start_kernel(self) -> None:
         assert self._work_dir is not None
-        self._km = km = self._manager()
+        self._jail = jail = _containment.make_jail(self.containment)
+        self._km = km = self._manager(jail)
+        assert self._ipc_dir is not None
+        # The kernel's fds 1 and 2 go to a log file: never to the host's stdout or stderr.
+        log = os.open(self._log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            await km.start_kernel(cwd=str(self._work_dir), env=self._env)
+            await km.start_kernel(
+                cwd=str(self._work_dir),
+                env=self._env,
+                stdout=log,
+                stderr=log,
+                **jail.popen_kwargs(),
+            )
         except NoSuchKernel as exc:
             raise KernelStartFailed(f"no kernelspec named {self.kernel_name!r}") from exc
         except (OSError, RuntimeError) as exc:
             raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
+        finally:
+            os.close(log)
+            jail.started(self.pid or 0)
         self._pgid = getattr(km.provisioner, "pgid", None)
+
+    def _log_path(self) -> str:
+        assert self._ipc_dir is not None
+        return os.path.join(self._ipc_dir, "kernel.log")
+
+    def _log_tail(self) -> str:
+        """The last line the kernel wrote to its log (why it failed to start, usually)."""
+        if self._ipc_dir is None:
+            return ""
+        with contextlib.suppress(OSError):
+            with open(self._log_path(), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 2000))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+            return lines[-1].strip() if lines else ""
+        return ""
 
     async def _connect(self, timeout: float) -> None:
         assert self._km is not None
@@ -113,17 +171,23 @@ class LocalKernel(KernelBackend):
         except (RuntimeError, TimeoutError) as exc:
             reason = self.death_reason()
             detail = f"it exited ({reason})" if reason else f"no answer within {timeout:g} s"
+            tail = self._log_tail()
+            if reason and tail:
+                detail += f": {tail}"
             raise KernelStartFailed(f"the kernel did not start: {detail}") from exc
 
-    def _manager(self) -> AsyncKernelManager:
+    def _manager(self, jail: _containment.Jail) -> AsyncKernelManager:
         # IPC sockets in a private folder: nothing listens on a TCP port, and no other local
         # user can connect (ipykernel warns about unencrypted TCP otherwise).
         self._ipc_dir = tempfile.mkdtemp(prefix="kernelexec-ipc-")
         options: dict[str, Any] = {"transport": "ipc", "ip": os.path.join(self._ipc_dir, "k")}
         if self.python is None:
-            km = AsyncKernelManager(kernel_name=self.kernel_name, **options)
+            specs: KernelSpecManager = _WrappedSpecs(KernelSpecManager(), jail.wrap)
+            km = AsyncKernelManager(
+                kernel_name=self.kernel_name, kernel_spec_manager=specs, **options
+            )
         else:
-            specs = _InterpreterSpecs(self.python)
+            specs = _WrappedSpecs(_InterpreterSpecs(self.python), jail.wrap)
             km = AsyncKernelManager(
                 kernel_name="kernelexec-python", kernel_spec_manager=specs, **options
             )
@@ -161,9 +225,14 @@ class LocalKernel(KernelBackend):
         kc, self._kc = self._kc, None
         km, self._km = self._km, None
         pgid, self._pgid = self._pgid, None
+        jail, self._jail = self._jail, None
         try:
             if kc is not None:
                 kc.stop_channels()
+            if jail is not None:
+                # The kernel and everything it started, in its session or not, all at once;
+                # the manager then finds the kernel gone and only cleans up.
+                jail.close()
             if km is not None:
                 await _shutdown_manager(km, now=now)
         finally:
