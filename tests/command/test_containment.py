@@ -8,6 +8,10 @@ gone once the block has ended or timed out. The cgroups made for the blocks are 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -18,6 +22,7 @@ import pytest
 from kernelexec import CommandLineExecutor
 from kernelexec.backends import _containment
 from kernelexec.backends.local_command import LocalCommand
+from kernelexec.cli import main
 
 # Each snippet starts a process that escapes the block's process group and session; that
 # process writes its own pid to ``pidfile`` and then sleeps.
@@ -156,3 +161,48 @@ def test_environment_variable_overrides_and_bad_values_are_refused(
     monkeypatch.setenv(_containment.ENV_VAR, "jail")
     with pytest.raises(ValueError, match="containment must be one of"):
         LocalCommand()
+
+
+@pytest.mark.parametrize("flavour", ["cgroup-v2", "cgroup-v1"])
+def test_gc_sweeps_the_cgroups_of_a_killed_host(
+    flavour: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    try:
+        _containment.mechanism(flavour)
+    except Exception as exc:
+        pytest.skip(f"{flavour} not available on this host: {exc}")
+    pidfile = tmp_path / "pid"
+    host_code = (
+        "from kernelexec import CommandLineExecutor\n"
+        f"with CommandLineExecutor(work_dir={str(tmp_path / 'work')!r}, timeout=300) as ex:\n"
+        f"    ex.execute({escape_block('new-session', pidfile, then_sleep=300)!r})\n"
+    )
+    env = {**os.environ, _containment.ENV_VAR: flavour}
+    root = Path(__file__).resolve().parents[2]  # this checkout's kernelexec
+    host = subprocess.Popen([sys.executable, "-c", host_code], env=env, cwd=root)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        escaped = int(pidfile.read_text())
+        host.send_signal(signal.SIGKILL)  # no clean-up: its cgroup and processes are left
+        host.wait(30)
+        mine = f"kernelexec-{host.pid}-"
+        assert running(escaped)
+        would = _containment.sweep_orphans(dry_run=True)
+        assert [p for p in would if mine in p], would
+        assert running(escaped)  # a dry run changes nothing
+        monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        main(["gc"])  # the Docker part fails without an engine; the cgroups go first
+        out = capsys.readouterr().out
+        assert re.search(r"removed [1-9]\d* cgroup\(s\)", out) and mine in out, out
+        assert gone_within(escaped)
+        assert not [p for p in _containment.sweep_orphans(dry_run=True) if mine in p]
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait(30)
+        kill_leftover(pidfile)
