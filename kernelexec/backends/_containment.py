@@ -90,6 +90,10 @@ class Jail(ABC):
         """Called with the pid of the process just started (it leads its own session)."""
 
     @abstractmethod
+    def pids(self) -> set[int]:
+        """The processes in the jail now (the contained process itself included)."""
+
+    @abstractmethod
     def kill(self) -> None:
         """Kill every contained process, and wait (briefly) until they are gone."""
 
@@ -122,6 +126,11 @@ class _GroupJail(Jail):
         if pid > 0:  # never 0: killpg(0) would be our own group
             self._pgid = pid
 
+    def pids(self) -> set[int]:
+        if self._pgid is None:
+            return set()
+        return {pid for pid, _, pgrp in _proc_table() if pgrp == self._pgid}
+
     def kill(self) -> None:
         if self._pgid is not None and self._pgid > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -145,6 +154,21 @@ class _SubreaperJail(_GroupJail):
         super().started(pid)
         if pid > 0:
             self._pid = pid
+
+    def pids(self) -> set[int]:
+        """The helper and every process below it (orphans are re-parented to the helper)."""
+        if self._pid is None:
+            return set()
+        children: dict[int, list[int]] = {}
+        for pid, ppid, _ in _proc_table():
+            children.setdefault(ppid, []).append(pid)
+        found, frontier = {self._pid}, [self._pid]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+        return found
 
     def kill(self) -> None:
         if self._pid is None:
@@ -190,13 +214,12 @@ class _CgroupJail(Jail):
         for fd in fds:
             os.close(fd)
 
-    def pids(self) -> list[int]:
-        """The processes in the cgroup now."""
+    def pids(self) -> set[int]:
         try:
             text = (self.path / "cgroup.procs").read_text()
         except OSError:
-            return []
-        return [int(p) for p in text.split()]
+            return set()
+        return {int(p) for p in text.split()}
 
     def kill(self) -> None:
         if self._closed:
@@ -332,6 +355,29 @@ def _remove_cgroup(path: Path) -> None:
             if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                 return  # left for sweep_orphans(); never raise from a clean-up
             time.sleep(0.01)
+
+
+def _proc_table() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live process."""
+    table: list[tuple[int, int, int]] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] not in {"Z", "X"}:
+            table.append((int(name), int(fields[1]), int(fields[2])))
+    return table
+
+
+def kill_pids(pids: set[int]) -> None:
+    """SIGKILL each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

@@ -71,6 +71,63 @@ class _WrappedSpecs(KernelSpecManager):
         return KernelSpec(resource_dir=spec.resource_dir, **fields)
 
 
+class _BlockTracker:
+    """The kernel client, noting which block (a non-silent execute request) is running.
+
+    A block starts when its request is sent and ends with the kernel's ``idle`` status for it;
+    the jail's processes at the start are noted, so an interrupt can tell the block's own
+    processes from those earlier blocks left running on purpose (a server, say).
+    """
+
+    def __init__(self, kc: AsyncKernelClient, owner: LocalKernel) -> None:
+        self._kc, self._owner = kc, owner
+        self._msg_id: str | None = None
+
+    def execute(
+        self,
+        code: str,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool | None = None,
+        stop_on_error: bool = True,
+    ) -> str:
+        before = None if silent else self._owner._jail_pids()
+        msg_id: str = self._kc.execute(
+            code,
+            silent=silent,
+            store_history=store_history,
+            user_expressions=user_expressions,
+            allow_stdin=allow_stdin,
+            stop_on_error=stop_on_error,
+        )
+        if before is not None:
+            self._msg_id, self._owner._block_pids = msg_id, before
+        return msg_id
+
+    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_iopub_msg(timeout=timeout)
+        if (
+            self._msg_id is not None
+            and msg.get("msg_type") == "status"
+            and msg.get("content", {}).get("execution_state") == "idle"
+            and msg.get("parent_header", {}).get("msg_id") == self._msg_id
+        ):
+            self._msg_id, self._owner._block_pids = None, None
+        return msg
+
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_shell_msg(timeout=timeout)
+        return msg
+
+    async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_stdin_msg(timeout=timeout)
+        return msg
+
+    def input(self, string: str) -> None:
+        self._kc.input(string)
+
+
 class LocalKernel(KernelBackend):
     """A kernel process on this machine."""
 
@@ -90,6 +147,9 @@ class LocalKernel(KernelBackend):
         #: how the kernel's processes are held, as for ``LocalCommand.containment``
         self.containment = _containment.mechanism(containment)
         self._jail: _containment.Jail | None = None
+        self._tracker: _BlockTracker | None = None
+        #: the jail's processes when the running block started (None: no block runs)
+        self._block_pids: set[int] | None = None
         self._km: AsyncKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._pgid: int | None = None
@@ -99,9 +159,12 @@ class LocalKernel(KernelBackend):
 
     @property
     def client(self) -> KernelClientLike:
-        if self._kc is None:
+        if self._kc is None or self._tracker is None:
             raise KernelStartFailed("the kernel is not running")
-        return self._kc
+        return self._tracker
+
+    def _jail_pids(self) -> set[int]:
+        return set() if self._jail is None else self._jail.pids()
 
     @property
     def pid(self) -> int | None:
@@ -165,6 +228,7 @@ class LocalKernel(KernelBackend):
     async def _connect(self, timeout: float) -> None:
         assert self._km is not None
         self._kc = kc = self._km.client()
+        self._tracker = _BlockTracker(kc, self)
         kc.start_channels(hb=False)  # liveness comes from the process itself
         try:
             await kc.wait_for_ready(timeout=timeout)
@@ -195,9 +259,15 @@ class LocalKernel(KernelBackend):
         return km
 
     async def interrupt(self) -> None:
+        """SIGINT to the kernel's process group; and SIGKILL to every process the running block
+        started that still runs (in the kernel's session or not). What earlier blocks started
+        is left alone: the kernel keeps it, as it keeps their variables."""
         if self._km is not None:
             with contextlib.suppress(RuntimeError, OSError):
                 await self._km.interrupt_kernel()
+        before = self._block_pids
+        if before is not None and self._jail is not None:
+            _containment.kill_pids(self._jail.pids() - before - {self.pid})
 
     async def restart(self, *, timeout: float) -> None:
         # A fresh manager and client, not jupyter_client's in-place restart: no stale messages
@@ -223,6 +293,7 @@ class LocalKernel(KernelBackend):
 
     async def _stop(self, *, now: bool) -> None:
         kc, self._kc = self._kc, None
+        self._tracker, self._block_pids = None, None
         km, self._km = self._km, None
         pgid, self._pgid = self._pgid, None
         jail, self._jail = self._jail, None

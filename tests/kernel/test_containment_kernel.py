@@ -3,7 +3,8 @@
 Each escape form (a new session, ``setsid``, a double fork, ``nohup ... &``) is started from a
 kernel block under each containment mechanism this host has. One kernel per mechanism starts
 all four forms in one block, so the suite stays quick; each form's pid is checked on its own.
-A timed-out block keeps the kernel's state under every mechanism (the interrupt still works).
+A timed-out block keeps the kernel's state (the interrupt still works) and loses its own
+processes, not those of earlier blocks.
 """
 
 from __future__ import annotations
@@ -141,13 +142,20 @@ def test_restart_and_close_leave_nothing_running(
     ex: KernelExecutor, mechanism: str, tmp_path: Path
 ) -> None:
     pidfiles: dict[str, Path] = {}
+    timed_out: dict[str, Path] = {}
     try:
         pidfiles = start_all(ex, tmp_path / "before-restart")
         ex.execute("kept = 42")
-        # a timed-out block is interrupted: state kept, and the kernel's jail still works
-        result = ex.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)", timeout=3)
-        assert result.timed_out and "state were kept" in result.output, result.output
+        # A timed-out block is interrupted: the kernel's state is kept, the processes that
+        # block started die (escaped or not), and those earlier blocks started stay.
+        timed_out = {form: tmp_path / f"timed-out-{form}.pid" for form in ESCAPES}
+        for form, pidfile in timed_out.items():
+            result = ex.execute(escape_block(form, pidfile, then_sleep=60), timeout=3)
+            assert result.timed_out and "state were kept" in result.output, result.output
+            assert gone_within(int(pidfile.read_text())), f"{form} outlived its timeout"
         assert ex.execute("print(kept)").output == "42\n"
+        for form, pidfile in pidfiles.items():
+            assert running(int(pidfile.read_text())), f"{form} of an earlier block was killed"
         cgroups_before = our_cgroups()
         ex.restart()
         assert_all_gone(pidfiles, mechanism, "restart()")
@@ -159,5 +167,5 @@ def test_restart_and_close_leave_nothing_running(
         assert_all_gone(pidfiles, mechanism, "close()")
         assert our_cgroups() == []
     finally:
-        for pidfile in pidfiles.values():
+        for pidfile in [*pidfiles.values(), *timed_out.values()]:
             kill_leftover(pidfile)
