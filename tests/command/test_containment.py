@@ -206,3 +206,12 @@ def test_gc_sweeps_the_cgroups_of_a_killed_host(
             host.kill()
             host.wait(30)
         kill_leftover(pidfile)
+
+
+def test_exit_status_and_signals_read_as_without_a_jail(ex: CommandLineExecutor) -> None:
+    """The subreaper helper exits as its child did; a cgroup changes nothing here either."""
+    assert ex.execute("exit 3", "sh").exit_code == 3
+    for name, number in (("KILL", 9), ("TERM", 15), ("SEGV", 11)):
+        result = ex.execute(f"kill -{name} $$", "sh")
+        assert result.exit_code == 128 + number, result.output
+        assert f"signal SIG{name}" in result.output
