@@ -37,7 +37,7 @@ import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +268,7 @@ def sweep_orphans(*, dry_run: bool = False) -> list[str]:
         if parent is None:
             continue
         for path in sorted(parent.glob(f"{_PREFIX}*")):
-            owner = path.name[len(_PREFIX) :].split("-", 1)[0]
+            owner = path.name[len(_PREFIX) :].removeprefix("probe-").split("-", 1)[0]
             if not path.is_dir() or not owner.isdigit() or _running(int(owner)):
                 continue
             found.append(str(path))
@@ -306,30 +306,38 @@ def _cgroup_parent(flavour: str, *, need_kill: bool = False) -> Path | None:
     parent = mount / own.lstrip("/")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         return None
-    if need_kill and not (parent / "cgroup.kill").exists():
-        return None
     probe = parent / f"{_PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         probe.mkdir()
     except OSError:
         return None
+    has_kill = (probe / "cgroup.kill").exists()  # the root cgroup never has the file
     with contextlib.suppress(OSError):
         probe.rmdir()
+    if need_kill and not has_kill:
+        return None
     return parent
 
 
 def _mount_and_own(flavour: str) -> tuple[Path | None, str | None]:
+    """Where the hierarchy is mounted, and our own cgroup's path relative to that mount.
+
+    From ``/proc/self/mountinfo``, whose fourth field is the mount's root inside the hierarchy:
+    in a container the mount's root is the container's own cgroup, not the hierarchy's root.
+    """
     mount: Path | None = None
+    mount_root = "/"
     with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            fields = line.split()
-            if len(fields) < 4:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            before, _, after = line.partition(" - ")
+            fields, tail = before.split(), after.split()
+            if len(fields) < 5 or len(tail) < 3:
                 continue
-            if flavour == "v2" and fields[2] == "cgroup2":
-                mount = Path(fields[1])
-                break
-            if flavour == "v1" and fields[2] == "cgroup" and "freezer" in fields[3].split(","):
-                mount = Path(fields[1])
+            fstype, options = tail[0], tail[2].split(",")
+            if (flavour == "v2" and fstype == "cgroup2") or (
+                flavour == "v1" and fstype == "cgroup" and "freezer" in options
+            ):
+                mount_root, mount = fields[3], Path(fields[4])
                 break
     own: str | None = None
     with contextlib.suppress(OSError):
@@ -340,6 +348,10 @@ def _mount_and_own(flavour: str) -> tuple[Path | None, str | None]:
             ):
                 own = path
                 break
+    if own is not None and mount_root != "/":
+        if own != mount_root and not own.startswith(mount_root.rstrip("/") + "/"):
+            return mount, None  # our cgroup is not visible through this mount
+        own = own[len(mount_root.rstrip("/")) :] or "/"
     return mount, own
 
 
@@ -373,11 +385,29 @@ def _proc_table() -> list[tuple[int, int, int]]:
     return table
 
 
-def kill_pids(pids: set[int]) -> None:
+def first_child(parent: int) -> int | None:
+    """The oldest live child of ``parent`` (by start time), or None."""
+    best: tuple[int, int] | None = None
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] not in {"Z", "X"}:
+            started = int(fields[19])  # field 22 of stat: start time, in clock ticks
+            if best is None or started < best[0]:
+                best = (started, int(name))
+    return None if best is None else best[1]
+
+
+def kill_pids(pids: Iterable[int | None]) -> None:
     """SIGKILL each of ``pids`` that still exists."""
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        if pid is not None and pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

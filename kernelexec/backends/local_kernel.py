@@ -148,6 +148,7 @@ class LocalKernel(KernelBackend):
         self.containment = _containment.mechanism(containment)
         self._jail: _containment.Jail | None = None
         self._tracker: _BlockTracker | None = None
+        self._kernel_pid: int | None = None  # under the subreaper helper, once known
         #: the jail's processes when the running block started (None: no block runs)
         self._block_pids: set[int] | None = None
         self._km: AsyncKernelManager | None = None
@@ -168,9 +169,22 @@ class LocalKernel(KernelBackend):
 
     @property
     def pid(self) -> int | None:
-        """The kernel process id (None when no kernel runs)."""
+        """The kernel process id (None when no kernel runs).
+
+        Under the subreaper helper, the helper's first child (the helper is what
+        jupyter_client started; processes re-parented to it later are younger).
+        """
+        launched = self._launched_pid()
+        if launched is None or self.containment != "subreaper":
+            return launched
+        if self._kernel_pid is None:
+            self._kernel_pid = _containment.first_child(launched)
+        return self._kernel_pid or launched
+
+    def _launched_pid(self) -> int | None:
         provisioner = getattr(self._km, "provisioner", None)
-        return getattr(provisioner, "pid", None)
+        pid: int | None = getattr(provisioner, "pid", None)
+        return pid
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         if self.python is not None:
@@ -207,7 +221,7 @@ class LocalKernel(KernelBackend):
             raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
         finally:
             os.close(log)
-            jail.started(self.pid or 0)
+            jail.started(self._launched_pid() or 0)
         self._pgid = getattr(km.provisioner, "pgid", None)
 
     def _log_path(self) -> str:
@@ -267,7 +281,7 @@ class LocalKernel(KernelBackend):
                 await self._km.interrupt_kernel()
         before = self._block_pids
         if before is not None and self._jail is not None:
-            _containment.kill_pids(self._jail.pids() - before - {self.pid})
+            _containment.kill_pids(self._jail.pids() - before - {self._launched_pid(), self.pid})
 
     async def restart(self, *, timeout: float) -> None:
         # A fresh manager and client, not jupyter_client's in-place restart: no stale messages
@@ -293,7 +307,7 @@ class LocalKernel(KernelBackend):
 
     async def _stop(self, *, now: bool) -> None:
         kc, self._kc = self._kc, None
-        self._tracker, self._block_pids = None, None
+        self._tracker, self._block_pids, self._kernel_pid = None, None, None
         km, self._km = self._km, None
         pgid, self._pgid = self._pgid, None
         jail, self._jail = self._jail, None
