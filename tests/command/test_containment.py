@@ -215,3 +215,20 @@ def test_exit_status_and_signals_read_as_without_a_jail(ex: CommandLineExecutor)
         result = ex.execute(f"kill -{name} $$", "sh")
         assert result.exit_code == 128 + number, result.output
         assert f"signal SIG{name}" in result.output
+
+
+def test_process_group_fallback_kills_its_group_and_no_more(tmp_path: Path) -> None:
+    """What the README says of the last resort: ``nohup ... &`` stays in the group and dies with
+    it; a new session escapes (which is why cgroups or the subreaper come first)."""
+    backend = LocalCommand(containment="process-group")
+    in_group, escaped = tmp_path / "nohup.pid", tmp_path / "new-session.pid"
+    try:
+        with CommandLineExecutor(backend=backend, work_dir=tmp_path / "work", timeout=30) as ex:
+            assert ex.execute(escape_block("nohup", in_group)).ok
+            assert gone_within(int(in_group.read_text()))
+            assert ex.execute(escape_block("new-session", escaped)).ok
+        time.sleep(0.5)
+        assert running(int(escaped.read_text()))  # the documented limit
+    finally:
+        kill_leftover(in_group)
+        kill_leftover(escaped)
