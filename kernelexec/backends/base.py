@@ -69,7 +69,8 @@ class CommandBackend(ABC):
         """Run ``argv`` in ``work_dir`` and return when it ended or was killed for the timeout.
 
         Implementations must kill every process the command started when the timeout expires
-        (not only the direct child) and must never wait for a killed child's descendants.
+        or the command ends (not only the direct child, and also those that left its process
+        group or session) and must never wait for a killed child's descendants.
         """
 
     async def restart(self) -> None:  # noqa: B027 - optional hook
@@ -131,7 +132,8 @@ class KernelBackend(ABC):
 
     @abstractmethod
     async def restart(self, *, timeout: float) -> None:
-        """Replace the kernel with a fresh one; all state is lost."""
+        """Replace the kernel with a fresh one; all state is lost, and every process the old
+        kernel started is killed."""
 
     @abstractmethod
     async def is_alive(self) -> bool:
