@@ -132,8 +132,7 @@ class KernelBackend(ABC):
 
     @abstractmethod
     async def restart(self, *, timeout: float) -> None:
-        """Replace the kernel with a fresh one; all state is lost, and every process the old
-        kernel started is killed."""
+        """Replace the kernel with a fresh one; all state is lost."""
 
     @abstractmethod
     async def is_alive(self) -> bool:
