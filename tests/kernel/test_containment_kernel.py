@@ -138,6 +138,7 @@ def ex(mechanism: str, tmp_path: Path) -> Iterator[KernelExecutor]:
         yield executor
 
 
+@pytest.mark.slow
 def test_restart_and_close_leave_nothing_running(
     ex: KernelExecutor, mechanism: str, tmp_path: Path
 ) -> None:
