@@ -8,9 +8,9 @@ of its own, so interrupts reach the whole process group. It also runs in a jail 
 (``setsid``, a double fork, ``nohup ... &``), and the cgroup is removed.
 
 The kernel process's own stdout and stderr (``os.write(1, ...)``, a child process's output,
-ipykernel's echo of captured output) go to ``kernel.log`` in its private runtime dir, never to
-the host's: a host whose stdout is a protocol channel stays clean. What a block prints still
-reaches its result through the messaging protocol.
+ipykernel's echo of captured output) never reach the host's: stdout goes to /dev/null, stderr to
+``kernel.log`` in its private runtime dir. A host whose stdout is a protocol channel stays
+clean. What a block prints still reaches its result through the messaging protocol.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -205,13 +206,15 @@ class LocalKernel(KernelBackend):
         self._jail = jail = _containment.make_jail(self.containment)
         self._km = km = self._manager(jail)
         assert self._ipc_dir is not None
-        # The kernel's fds 1 and 2 go to a log file: never to the host's stdout or stderr.
+        # The kernel's own fds 1 and 2 never reach the host's. What a block writes there reaches
+        # its result through ipykernel's capture, which also echoes it to the original fd: fd 1
+        # goes nowhere (a flood must not fill a disk), fd 2 to a log (why a kernel failed).
         log = os.open(self._log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             await km.start_kernel(
                 cwd=str(self._work_dir),
                 env=self._env,
-                stdout=log,
+                stdout=subprocess.DEVNULL,
                 stderr=log,
                 **jail.popen_kwargs(),
             )
