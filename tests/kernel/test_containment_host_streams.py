@@ -5,6 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernelexec import KernelExecutor, KernelStartFailed
 
 _HOST = textwrap.dedent(
     """
@@ -38,3 +43,20 @@ def test_kernel_output_reaches_the_result_but_never_the_hosts_streams() -> None:
     # ...and nothing the kernel or its children wrote reaches the host's own stdout or stderr.
     assert "LEAK-" not in host.stdout, host.stdout
     assert "LEAK-" not in host.stderr, host.stderr
+
+
+def test_a_kernel_that_dies_at_start_says_what_it_wrote_to_stderr(tmp_path: Path) -> None:
+    """Its stderr no longer reaches the host's, so the error carries its last line instead."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi\n'  # the ipykernel check
+        "echo 'boom: no kernel today' >&2\n"
+        "exit 3\n"
+    )
+    fake.chmod(0o755)
+    with (
+        pytest.raises(KernelStartFailed, match=r"exit status 3\): boom: no kernel today"),
+        KernelExecutor(python=str(fake), work_dir=tmp_path / "work"),
+    ):
+        pass
