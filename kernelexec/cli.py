@@ -308,10 +308,14 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from .backends._containment import sweep_orphans
     from .backends._docker import gc
 
-    removed = gc(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    # Local cgroups first: they need no Docker engine.
+    cgroups = sweep_orphans(dry_run=args.dry_run)
+    print(f"{verb} {len(cgroups)} cgroup(s)" + (": " + " ".join(cgroups) if cgroups else ""))
+    removed = gc(dry_run=args.dry_run)
     print(f"{verb} {len(removed)} container(s)" + (": " + " ".join(removed) if removed else ""))
     return 0
 
@@ -327,7 +331,10 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     build.add_argument("--mirror", help="Debian mirror for --offline (default: apt's)")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(func=cmd_image_build)
-    gc = sub.add_parser("gc", help="remove kernelexec containers whose owner process is gone")
+    gc = sub.add_parser(
+        "gc",
+        help="remove kernelexec containers and local cgroups whose owner process is gone",
+    )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     gc.set_defaults(func=cmd_gc)
 

@@ -69,7 +69,9 @@ class CommandBackend(ABC):
         """Run ``argv`` in ``work_dir`` and return when it ended or was killed for the timeout.
 
         Implementations must kill every process the command started when the timeout expires
-        (not only the direct child) and must never wait for a killed child's descendants.
+        (not only the direct child) and must never wait for a killed child's descendants. The
+        local back end also kills, when the command ends, every process it left behind, even
+        one that left its process group or session (see ``_containment``).
         """
 
     async def restart(self) -> None:  # noqa: B027 - optional hook

@@ -1,8 +1,10 @@
 """Stateless back end: each block runs in a new local process.
 
-The process is started in a session (and so a process group) of its own, with stdin closed. When
-the block times out, or when the block's main process exits and leaves children behind, the whole
-group is killed; we never wait for a child's descendants, which is how other executors hang.
+The process is started in a session (and so a process group) of its own, with stdin closed, and
+inside a jail (``_containment``: a cgroup, a subreaper, or the process group alone). When the
+block times out, or when the block's main process exits and leaves processes behind, everything
+in the jail is killed, including what left the session (``setsid``, a double fork,
+``nohup ... &``); we never wait for a child's descendants, which is how other executors hang.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._errors import BackendUnavailable
+from . import _containment
 from .base import ByteSink, CommandBackend, CommandOutcome
 
 # After the main process ends, how long its pipes may stay open (grandchildren holding them)
@@ -26,19 +29,24 @@ _DRAIN_GRACE = 0.2
 
 
 def resolve_python(python: str | os.PathLike[str] | None) -> str:
-    """An interpreter path from a python executable, a virtualenv folder, or None (this one)."""
+    """An absolute interpreter path from a python executable, a virtualenv folder, or None.
+
+    A relative path is relative to the caller's current directory now, not to the work dir the
+    block later runs in. Symlinks are kept: a virtualenv's ``python`` is one, and resolving it
+    would leave the virtualenv.
+    """
     if python is None:
         return sys.executable
     path = Path(python)
     if path.is_dir():
         for candidate in (path / "bin" / "python", path / "Scripts" / "python.exe"):
             if candidate.exists():
-                return str(candidate)
+                return os.path.abspath(candidate)
         raise BackendUnavailable(f"no Python interpreter found in virtualenv {path}")
     found = shutil.which(str(python))
     if found is None:
         raise BackendUnavailable(f"Python interpreter not found: {python}")
-    return found
+    return os.path.abspath(found)
 
 
 class LocalCommand(CommandBackend):
@@ -52,10 +60,14 @@ class LocalCommand(CommandBackend):
         python: str | os.PathLike[str] | None = None,
         shell: str = "bash",
         kill_grace: float = 0.2,
+        containment: str | None = None,
     ) -> None:
         self.python = resolve_python(python)
         self.shell = shell
         self.kill_grace = kill_grace
+        #: how a block's processes are held: "cgroup", "cgroup-v2", "cgroup-v1", "subreaper" or
+        #: "process-group" (``containment=`` or ``$KERNELEXEC_CONTAINMENT``; "auto": best here)
+        self.containment = _containment.mechanism(containment)
         self._pwsh = shutil.which("pwsh")
 
     def supported_languages(self) -> Sequence[str]:
@@ -81,20 +93,29 @@ class LocalCommand(CommandBackend):
         on_stderr: ByteSink,
     ) -> CommandOutcome:
         loop = asyncio.get_running_loop()
+        if self.containment == "subreaper" and shutil.which(argv[0], path=env.get("PATH")) is None:
+            # the helper would report it only as exit status 127
+            raise BackendUnavailable(f"cannot run {argv[0]}: No such file or directory")
+        jail = _containment.make_jail(self.containment)
         try:
             transport, proto = await loop.subprocess_exec(
                 lambda: _BlockProtocol(loop, on_stdout, on_stderr),
-                *argv,
+                *jail.wrap(argv),
                 cwd=work_dir,
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,
+                **jail.popen_kwargs(),
             )
         except OSError as exc:  # interpreter missing or not executable
+            jail.close()
             raise BackendUnavailable(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        except BaseException:
+            jail.close()
+            raise
         pid = transport.get_pid()
+        jail.started(pid)
         timed_out = False
         try:
             timed_out = not await _settle(proto.exited, timeout)
@@ -104,8 +125,8 @@ class LocalCommand(CommandBackend):
             # them open, so wait only briefly before killing the group below.
             await _settle(proto.pipes_closed, _DRAIN_GRACE)
         finally:
-            # Children that outlived the block die with it.
-            _signal_group(pid, signal.SIGKILL)
+            # Every process of the block that outlived it dies with it, in its session or not.
+            jail.close()
             await _settle(proto.pipes_closed, _DRAIN_GRACE)
             transport.close()
         proto.raise_sink_error()

@@ -2,8 +2,15 @@
 
 The kernel is any installed kernelspec (``python3`` by default) or, given ``python=``, that
 interpreter (or virtualenv) running ``ipykernel_launcher``. jupyter_client starts it in a session
-of its own, so interrupts and kills reach the whole process group; after shutdown the group is
-killed too, so a child a block forked does not outlive the executor.
+of its own, so interrupts reach the whole process group. It also runs in a jail of its own
+(``_containment``: a cgroup, a subreaper, or the process group alone): on ``restart()`` and
+``shutdown()`` everything in the jail is killed, including what a block started in a new session
+(``setsid``, a double fork, ``nohup ... &``), and the cgroup is removed.
+
+The kernel process's own stdout and stderr (``os.write(1, ...)``, a child process's output,
+ipykernel's echo of captured output) never reach the host's: stdout goes to /dev/null, stderr to
+``kernel.log`` in its private runtime dir. A host whose stdout is a protocol channel stays
+clean. What a block prints still reaches its result through the messaging protocol.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +32,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKerne
 from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
+from . import _containment
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 
@@ -45,6 +55,80 @@ class _InterpreterSpecs(KernelSpecManager):
         return self._spec
 
 
+class _WrappedSpecs(KernelSpecManager):
+    """Serves another manager's kernelspecs with their argv run through a jail's ``wrap``."""
+
+    def __init__(self, base: KernelSpecManager, wrap: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._base, self._wrap = base, wrap
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        spec = self._base.get_kernel_spec(kernel_name)
+        argv = list(spec.argv)
+        if argv and argv[0] in {"python", "python3", f"python3.{sys.version_info[1]}"}:
+            argv[0] = sys.executable  # as jupyter_client does for a bare "python"
+        fields = spec.to_dict()
+        fields["argv"] = self._wrap(argv)
+        return KernelSpec(resource_dir=spec.resource_dir, **fields)
+
+
+class _BlockTracker:
+    """The kernel client, noting which block (a non-silent execute request) is running.
+
+    A block starts when its request is sent and ends with the kernel's ``idle`` status for it;
+    the jail's processes at the start are noted, so an interrupt can tell the block's own
+    processes from those earlier blocks left running on purpose (a server, say).
+    """
+
+    def __init__(self, kc: AsyncKernelClient, owner: LocalKernel) -> None:
+        self._kc, self._owner = kc, owner
+        self._msg_id: str | None = None
+
+    def execute(
+        self,
+        code: str,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool | None = None,
+        stop_on_error: bool = True,
+    ) -> str:
+        before = None if silent else self._owner._jail_pids()
+        msg_id: str = self._kc.execute(
+            code,
+            silent=silent,
+            store_history=store_history,
+            user_expressions=user_expressions,
+            allow_stdin=allow_stdin,
+            stop_on_error=stop_on_error,
+        )
+        if before is not None:
+            self._msg_id, self._owner._block_pids = msg_id, before
+        return msg_id
+
+    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_iopub_msg(timeout=timeout)
+        if (
+            self._msg_id is not None
+            and msg.get("msg_type") == "status"
+            and msg.get("content", {}).get("execution_state") == "idle"
+            and msg.get("parent_header", {}).get("msg_id") == self._msg_id
+        ):
+            self._msg_id, self._owner._block_pids = None, None
+        return msg
+
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_shell_msg(timeout=timeout)
+        return msg
+
+    async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self._kc.get_stdin_msg(timeout=timeout)
+        return msg
+
+    def input(self, string: str) -> None:
+        self._kc.input(string)
+
+
 class LocalKernel(KernelBackend):
     """A kernel process on this machine."""
 
@@ -56,10 +140,18 @@ class LocalKernel(KernelBackend):
         kernel_name: str = "python3",
         python: str | os.PathLike[str] | None = None,
         shutdown_wait: float = _SHUTDOWN_WAIT,
+        containment: str | None = None,
     ) -> None:
         self.kernel_name = kernel_name
         self.python = None if python is None else resolve_python(python)
         self.shutdown_wait = shutdown_wait
+        #: how the kernel's processes are held, as for ``LocalCommand.containment``
+        self.containment = _containment.mechanism(containment)
+        self._jail: _containment.Jail | None = None
+        self._tracker: _BlockTracker | None = None
+        self._kernel_pid: int | None = None  # under the subreaper helper, once known
+        #: the jail's processes when the running block started (None: no block runs)
+        self._block_pids: set[int] | None = None
         self._km: AsyncKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._pgid: int | None = None
@@ -69,15 +161,31 @@ class LocalKernel(KernelBackend):
 
     @property
     def client(self) -> KernelClientLike:
-        if self._kc is None:
+        if self._kc is None or self._tracker is None:
             raise KernelStartFailed("the kernel is not running")
-        return self._kc
+        return self._tracker
+
+    def _jail_pids(self) -> set[int]:
+        return set() if self._jail is None else self._jail.pids()
 
     @property
     def pid(self) -> int | None:
-        """The kernel process id (None when no kernel runs)."""
+        """The kernel process id (None when no kernel runs).
+
+        Under the subreaper helper, the helper's first child (the helper is what
+        jupyter_client started; processes re-parented to it later are younger).
+        """
+        launched = self._launched_pid()
+        if launched is None or self.containment != "subreaper":
+            return launched
+        if self._kernel_pid is None:
+            self._kernel_pid = _containment.first_child(launched)
+        return self._kernel_pid or launched
+
+    def _launched_pid(self) -> int | None:
         provisioner = getattr(self._km, "provisioner", None)
-        return getattr(provisioner, "pid", None)
+        pid: int | None = getattr(provisioner, "pid", None)
+        return pid
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         if self.python is not None:
@@ -95,35 +203,72 @@ class LocalKernel(KernelBackend):
 
     async def _start_kernel(self) -> None:
         assert self._work_dir is not None
-        self._km = km = self._manager()
+        self._jail = jail = _containment.make_jail(self.containment)
+        self._km = km = self._manager(jail)
+        assert self._ipc_dir is not None
+        # The kernel's own fds 1 and 2 never reach the host's. What a block writes there reaches
+        # its result through ipykernel's capture, which also echoes it to the original fd: fd 1
+        # goes nowhere (a flood must not fill a disk), fd 2 to a log (why a kernel failed).
+        log = os.open(self._log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            await km.start_kernel(cwd=str(self._work_dir), env=self._env)
+            await km.start_kernel(
+                cwd=str(self._work_dir),
+                env=self._env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                **jail.popen_kwargs(),
+            )
         except NoSuchKernel as exc:
             raise KernelStartFailed(f"no kernelspec named {self.kernel_name!r}") from exc
         except (OSError, RuntimeError) as exc:
             raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
+        finally:
+            os.close(log)
+            jail.started(self._launched_pid() or 0)
         self._pgid = getattr(km.provisioner, "pgid", None)
+
+    def _log_path(self) -> str:
+        assert self._ipc_dir is not None
+        return os.path.join(self._ipc_dir, "kernel.log")
+
+    def _log_tail(self) -> str:
+        """The last line the kernel wrote to its log (why it failed to start, usually)."""
+        if self._ipc_dir is None:
+            return ""
+        with contextlib.suppress(OSError):
+            with open(self._log_path(), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 2000))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+            return lines[-1].strip() if lines else ""
+        return ""
 
     async def _connect(self, timeout: float) -> None:
         assert self._km is not None
         self._kc = kc = self._km.client()
+        self._tracker = _BlockTracker(kc, self)
         kc.start_channels(hb=False)  # liveness comes from the process itself
         try:
             await kc.wait_for_ready(timeout=timeout)
         except (RuntimeError, TimeoutError) as exc:
             reason = self.death_reason()
             detail = f"it exited ({reason})" if reason else f"no answer within {timeout:g} s"
+            tail = self._log_tail()
+            if reason and tail:
+                detail += f": {tail}"
             raise KernelStartFailed(f"the kernel did not start: {detail}") from exc
 
-    def _manager(self) -> AsyncKernelManager:
+    def _manager(self, jail: _containment.Jail) -> AsyncKernelManager:
         # IPC sockets in a private folder: nothing listens on a TCP port, and no other local
         # user can connect (ipykernel warns about unencrypted TCP otherwise).
         self._ipc_dir = tempfile.mkdtemp(prefix="kernelexec-ipc-")
         options: dict[str, Any] = {"transport": "ipc", "ip": os.path.join(self._ipc_dir, "k")}
         if self.python is None:
-            km = AsyncKernelManager(kernel_name=self.kernel_name, **options)
+            specs: KernelSpecManager = _WrappedSpecs(KernelSpecManager(), jail.wrap)
+            km = AsyncKernelManager(
+                kernel_name=self.kernel_name, kernel_spec_manager=specs, **options
+            )
         else:
-            specs = _InterpreterSpecs(self.python)
+            specs = _WrappedSpecs(_InterpreterSpecs(self.python), jail.wrap)
             km = AsyncKernelManager(
                 kernel_name="kernelexec-python", kernel_spec_manager=specs, **options
             )
@@ -131,9 +276,15 @@ class LocalKernel(KernelBackend):
         return km
 
     async def interrupt(self) -> None:
+        """SIGINT to the kernel's process group; and SIGKILL to every process the running block
+        started that still runs (in the kernel's session or not). What earlier blocks started
+        is left alone: the kernel keeps it, as it keeps their variables."""
         if self._km is not None:
             with contextlib.suppress(RuntimeError, OSError):
                 await self._km.interrupt_kernel()
+        before = self._block_pids
+        if before is not None and self._jail is not None:
+            _containment.kill_pids(self._jail.pids() - before - {self._launched_pid(), self.pid})
 
     async def restart(self, *, timeout: float) -> None:
         # A fresh manager and client, not jupyter_client's in-place restart: no stale messages
@@ -159,11 +310,17 @@ class LocalKernel(KernelBackend):
 
     async def _stop(self, *, now: bool) -> None:
         kc, self._kc = self._kc, None
+        self._tracker, self._block_pids, self._kernel_pid = None, None, None
         km, self._km = self._km, None
         pgid, self._pgid = self._pgid, None
+        jail, self._jail = self._jail, None
         try:
             if kc is not None:
                 kc.stop_channels()
+            if jail is not None:
+                # The kernel and everything it started, in its session or not, all at once;
+                # the manager then finds the kernel gone and only cleans up.
+                jail.close()
             if km is not None:
                 await _shutdown_manager(km, now=now)
         finally:

@@ -10,6 +10,7 @@ the sandbox ends, every process a block started ends with it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from ._containment import Jail
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
@@ -83,10 +85,10 @@ class SandboxedKernel(LocalKernel):
         self.sandbox = sandbox or SandboxOptions()
         check_sandbox()
 
-    def _manager(self) -> AsyncKernelManager:
-        km = super()._manager()
+    def _manager(self, jail: Jail) -> AsyncKernelManager:
+        km = super()._manager(jail)
         assert self._work_dir is not None and self._ipc_dir is not None
-        python = self.python or _kernelspec_python(km)
+        python = self.python or _kernelspec_python(self.kernel_name)
         inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         # Pid 1 of the sandbox is bwrap's reaper, not the kernel's parent: "1" tells ipykernel
         # there is no parent to watch (--die-with-parent does that) and keeps it from printing
@@ -99,9 +101,10 @@ class SandboxedKernel(LocalKernel):
         argv = bwrap_argv(
             self.sandbox, inner, work_dir=self._work_dir, env=env, writable=[self._ipc_dir]
         )
+        # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
         sandboxed = AsyncKernelManager(
             kernel_name="kernelexec-sandboxed",
-            kernel_spec_manager=_SandboxedSpecs(argv),
+            kernel_spec_manager=_SandboxedSpecs(jail.wrap(argv)),
             transport="ipc",
             ip=km.ip,
             connection_file=os.path.join(self._ipc_dir, "kernel.json"),
@@ -110,11 +113,13 @@ class SandboxedKernel(LocalKernel):
         return sandboxed
 
 
-def _kernelspec_python(km: AsyncKernelManager) -> str:
-    """The interpreter of the kernelspec the manager would have started."""
-    spec = km.kernel_spec
-    argv = list(spec.argv) if spec is not None else []
-    return argv[0] if argv else "python3"
+def _kernelspec_python(kernel_name: str) -> str:
+    """The interpreter of a kernelspec (a bare ``python`` means this one, as jupyter_client
+    reads it)."""
+    argv = list(KernelSpecManager().get_kernel_spec(kernel_name).argv)
+    if not argv or argv[0] in {"python", "python3"}:
+        return sys.executable
+    return str(argv[0])
 
 
 def _launcher_env() -> dict[str, str]:
