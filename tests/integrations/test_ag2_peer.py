@@ -105,6 +105,7 @@ def test_first_line_file_name_is_honoured_as_ag2(tmp_path: Path) -> None:
         ours = adapter.execute_code_blocks(block)
     assert ours.exit_code == theirs.exit_code == 0
     assert ours.output == theirs.output == "from test.py\n"
+    assert theirs.code_file is not None and ours.code_file is not None
     assert Path(theirs.code_file).name == Path(ours.code_file).name == "test.py"
     assert (tmp_path / "ours" / "test.py").exists()
 
@@ -183,7 +184,7 @@ def test_bang_lines_in_a_bash_block_run_in_the_kernel(tmp_path: Path) -> None:
 
 def test_every_registered_name_is_accepted() -> None:
     for name in EXECUTOR_NAMES:
-        options = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
+        options: dict[str, Any] = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
         adapter = AG2CodeExecutor(kind=name, **options)
         assert adapter.executor.aio.kind in ("kernel", "command")
         adapter.close()

@@ -262,7 +262,7 @@ def test_current_directory_as_work_dir_warns_as_autogen_ext(
 
 def test_every_registered_name_is_accepted() -> None:
     for name in EXECUTOR_NAMES:
-        options = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
+        options: dict[str, Any] = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
         adapter = KernelExecCodeExecutor(kind=name, **options)
         assert adapter.dump_component().config["kind"] == name
         run(adapter.stop)
