@@ -136,7 +136,7 @@ class AG2CodeExtractor:
             found = self._extractor.extract_code_blocks(message)
         else:
             found = extract_code_blocks(content_text(message), canonical=False)
-        return [CodeBlock(code=block.code, language=block.language) for block in found]
+        return [CodeBlock(code=b.code, language=b.language or _infer_tag(b.code)) for b in found]
 
 
 class AG2CodeExecutor:
@@ -319,6 +319,12 @@ class DockerCommandLineCodeExecutor(AG2CodeExecutor):
         if not code_blocks:
             raise ValueError("No code blocks to execute.")  # AG2's rule
         return super().execute_code_blocks(code_blocks)
+
+
+def _infer_tag(code: str) -> str:
+    """AG2's guess for an untagged block that is not Python: a command line starting with
+    ``pip`` or ``python`` is ``sh``."""
+    return "sh" if code.startswith(("pip", "python ", "python3 ")) else ""
 
 
 def _has_ipython_lines(code: str) -> bool:

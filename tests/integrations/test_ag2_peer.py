@@ -47,6 +47,15 @@ def test_language_tags_are_kept_as_written_as_ag2(adapter: AG2CodeExecutor) -> N
     assert result.exit_code == 0 and result.output.split() == ["one", "two", "3"]
 
 
+def test_untagged_command_lines_are_sh_as_ag2(adapter: AG2CodeExecutor) -> None:
+    message = "```\npython -c 'print(6 * 7)'\n```\n```\nprint('py')\n```"
+    ours = adapter.code_extractor.extract_code_blocks(message)
+    theirs = MarkdownCodeExtractor().extract_code_blocks(message)
+    assert [b.language for b in ours] == [b.language for b in theirs] == ["sh", "python"]
+    result = adapter.execute_code_blocks(ours)
+    assert result.exit_code == 0 and result.output.split() == ["42", "py"]
+
+
 def test_fences_in_numbered_steps_are_extracted_and_run(adapter: AG2CodeExecutor) -> None:
     message = (
         "1. First:\n    ```python\n    x = 6 * 7\n    print(x)\n    ```\n"
