@@ -6,6 +6,7 @@ Executors are built by name through the registry (``kernelexec._registry``): an 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def docker_peer_options(
     if container_name is not None:
         options["container_name"] = container_name
     if bind_dir is not None:
-        options["bind_dir"] = str(bind_dir)
+        # The host's path: made absolute as the peers do, links left alone (they may exist
+        # only on the host).
+        options["bind_dir"] = os.path.abspath(bind_dir)
     if not auto_remove:
         options["auto_remove"] = False
     if not stop_container:
