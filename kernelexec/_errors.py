@@ -13,6 +13,8 @@ callers can catch broadly::
     ├── KernelStartFailed           + RuntimeError
     ├── KernelDied                  + RuntimeError   (only when auto-restart is off)
     ├── ExecutorClosed              + RuntimeError
+    ├── ExecutorNotStarted          + RuntimeError, ValueError  (an adapter used before start(),
+    │                                                where its peer refuses: autogen-ext)
     ├── ReentrantCall               + RuntimeError   (a sync front called from its own loop thread)
     ├── UnknownExecutor             + ValueError     (a name the executor registry does not know)
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
@@ -73,6 +75,14 @@ class KernelDied(KernelExecError, RuntimeError):
 
 class ExecutorClosed(KernelExecError, RuntimeError):
     """The executor was used after ``close()``."""
+
+
+class ExecutorNotStarted(KernelExecError, RuntimeError, ValueError):
+    """An adapter was asked to run code before ``start()``, where its peer refuses to.
+
+    autogen-ext's Jupyter executor raises ``RuntimeError`` and its Docker executor ``ValueError``
+    in that case; this is both. The native executors start on first use instead.
+    """
 
 
 class ReentrantCall(KernelExecError, RuntimeError):

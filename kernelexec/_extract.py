@@ -1,25 +1,31 @@
 """Markdown message -> code blocks.
 
-Fences follow CommonMark: a run of three or more backticks or tildes opens a block (indented by at
-most three spaces); only a run of the same character, at least as long, closes it, so a longer
-fence can hold shorter ones. An unclosed fence runs to the end of the message, as CommonMark says
-(an LLM reply cut off mid-block still yields its code).
+Code blocks are found as a CommonMark parser finds them (markdown-it-py): fences of three or more
+backticks or tildes, closed only by a run of the same character at least as long (so a longer
+fence can hold shorter ones), inside list items and block quotes too, as LLMs write numbered
+steps. An unclosed fence runs to the end of its container, as CommonMark says (an LLM reply cut
+off mid-block still yields its code). Raw HTML is read as text, so a fence right after a
+``<details>`` line is still a fence.
 
 The info string's first word is the language. Aliases map to three canonical names: ``python``,
-``shell`` and ``powershell``. Display-only languages (``text``, ``json``, ``output``...) are not
-code to run and are dropped. An untagged block is Python when it compiles as Python; otherwise its
-language is left empty and the executor reports it as not run.
+``shell`` and ``powershell`` (``canonical=False`` keeps the tag as written, for frameworks that
+dispatch on it). Display-only languages (``text``, ``json``, ``output``...) are not code to run and
+are dropped. An untagged block is Python when it compiles as Python; otherwise its language is
+left empty and the executor reports it as not run.
 """
 
 from __future__ import annotations
 
 import ast
-import re
+import functools
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._types import CodeBlock
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
 
 LANGUAGE_ALIASES: dict[str, str] = {
     "python": "python",
@@ -49,16 +55,11 @@ DISPLAY_ONLY = frozenset(
     }
 )  # fmt: skip
 
-# Only LF and CRLF end a line: str.splitlines() would also split code on form feeds, U+2028...
-_LINE_END = re.compile(r"\r?\n")
-_OPEN_RE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-
 
 def normalize_language(tag: str) -> str:
     """Canonical language for an info-string tag: ``"py"`` -> ``"python"``; unknown tags kept
     lower-cased (so the executor can name them); an empty tag stays empty."""
-    word = tag.strip().lstrip("{.").split(maxsplit=1)[0] if tag.strip() else ""
-    word = word.rstrip("}").split(",")[0].lower()
+    word = _tag_word(tag).lower()
     return LANGUAGE_ALIASES.get(word, word)
 
 
@@ -78,42 +79,70 @@ def looks_like_python(code: str) -> bool:
     return True
 
 
+@functools.cache
+def _parser() -> MarkdownIt:
+    # CommonMark block rules only: inline parsing is not needed to find fences, and raw HTML off
+    # so an HTML line does not swallow the fence after it. Imported here: start-up time.
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).disable("inline")
+
+
+def _protect(message: str) -> tuple[str, dict[str, str]]:
+    """Stand-ins for what the parser would rewrite: only LF and CRLF end a line (a lone CR, a
+    form feed or U+2028 stays in the code) and NUL is kept, not replaced by U+FFFD."""
+    if "\x00" not in message and "\r" not in message.replace("\r\n", ""):
+        return message, {}
+    used = set(message)
+    free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+    swaps: dict[str, str] = {}
+    for char in ("\x00", "\r"):
+        if char in used:
+            swaps[char] = next(free)
+    message = message.replace("\r\n", "\n")
+    for char, stand_in in swaps.items():
+        message = message.replace(char, stand_in)
+    return message, {stand_in: char for char, stand_in in swaps.items()}
+
+
 def _fences(message: str) -> Iterable[tuple[str, str]]:
     """Yield (info string, content) for each fenced block in ``message``."""
-    lines = _LINE_END.split(message)
-    if lines[-1] == "":
-        lines.pop()  # the message's final newline ends a line; it does not start one
-    i = 0
-    while i < len(lines):
-        match = _OPEN_RE.match(lines[i])
-        i += 1
-        if match is None:
+    text, restore = _protect(message)
+    for token in _parser().parse(text):
+        if token.type != "fence":
             continue
-        fence, info, indent = match["fence"], match["info"].strip(), len(match["indent"])
-        if fence[0] == "`" and "`" in info:
-            continue  # CommonMark: a backtick fence's info string holds no backtick
-        close = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
-        body: list[str] = []
-        while i < len(lines) and not close.match(lines[i]):
-            line = lines[i]
-            strip = min(indent, len(line) - len(line.lstrip(" ")))
-            body.append(line[strip:])
-            i += 1
-        i += 1  # skip the closing fence (or step past the end)
-        yield info, "\n".join(body)
+        info, code = token.info.strip(), token.content
+        code = code[:-1] if code.endswith("\n") else code
+        for stand_in, char in restore.items():
+            info, code = info.replace(stand_in, char), code.replace(stand_in, char)
+        yield info, code
 
 
-def extract_code_blocks(message: str, *, keep_display_only: bool = False) -> list[CodeBlock]:
-    """The fenced code blocks of a markdown ``message``, in order."""
+def _tag_word(tag: str) -> str:
+    """The info string's first word as written: ``"{.Python}"`` -> ``"Python"``."""
+    word = tag.strip().lstrip("{.").split(maxsplit=1)[0] if tag.strip() else ""
+    return word.rstrip("}").split(",")[0]
+
+
+def extract_code_blocks(
+    message: str, *, keep_display_only: bool = False, canonical: bool = True
+) -> list[CodeBlock]:
+    """The fenced code blocks of a markdown ``message``, in order.
+
+    ``canonical=False`` keeps each tag as written (``bash`` stays ``bash``) instead of mapping it
+    to kernelexec's canonical name; an untagged block is still inferred.
+    """
     blocks: list[CodeBlock] = []
     for info, code in _fences(message or ""):
         language = normalize_language(info)
         if language in DISPLAY_ONLY and not keep_display_only:
             continue
-        if not language:
-            language = "python" if looks_like_python(code) else ""
         if not code.strip():
             continue
+        if not language:
+            language = "python" if looks_like_python(code) else ""
+        elif not canonical:
+            language = _tag_word(info)
         blocks.append(CodeBlock(code=code, language=language))
     return blocks
 

@@ -218,6 +218,11 @@ class DockerCommand(CommandBackend):
                     f"lost the connection to the Docker engine: {reader.exception()}"
                 ) from reader.exception()
             reader.result()
+        except asyncio.CancelledError:
+            # The caller gave up on the block (an AutoGen cancellation token): its processes
+            # must not run on in the container.
+            await self._reap(container)
+            raise
         finally:
             _shutdown(sock)
             # The reader thread ends once the socket is shut; its frames are delivered by then.

@@ -26,7 +26,7 @@ from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from .._errors import KernelStartFailed
+from .._errors import DockerUnavailable, KernelStartFailed
 from ._docker import (
     LABEL_RUNTIME_DIR,
     RUNTIME_DIR_PREFIX,
@@ -103,6 +103,11 @@ class DockerKernel(KernelBackend):
         container = self._docker.container
         if container is not None:
             await self._docker.call("interrupting", container.kill, signal="SIGINT")
+            # As a local kernel's interrupt reaches its whole process group, the block's child
+            # processes (a %%bash script and its commands) get SIGINT too: kill -1 reaches
+            # every process of the container's user but the kernel (PID 1) and itself.
+            with contextlib.suppress(DockerUnavailable):
+                await self._docker.exec_quiet(container, "kill -INT -1 2>/dev/null; true")
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop_kernel()

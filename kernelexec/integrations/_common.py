@@ -6,12 +6,22 @@ Executors are built by name through the registry (``kernelexec._registry``): an 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 from .._registry import EXECUTOR_NAMES, make_async_executor, make_executor
 
 #: executor names the adapters accept for ``kind=``
 KINDS = EXECUTOR_NAMES
 
-__all__ = ["KINDS", "make_async_executor", "make_executor", "missing_framework"]
+__all__ = [
+    "KINDS",
+    "docker_peer_options",
+    "make_async_executor",
+    "make_executor",
+    "missing_framework",
+]
 
 
 def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:
@@ -22,3 +32,35 @@ def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:
     )
     error.__cause__ = exc
     return error
+
+
+def docker_peer_options(
+    *,
+    image: str | None,
+    container_name: str | None,
+    bind_dir: str | Path | None,
+    auto_remove: bool,
+    stop_container: bool,
+    run_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``DockerOptions`` fields for the peers' ``DockerCommandLineCodeExecutor`` arguments.
+
+    Only what differs from kernelexec's defaults is passed on, by the option's own name
+    (``bind_dir``, ``auto_remove``, ``stop_container``, ``container_name``).
+    """
+    options: dict[str, Any] = {}
+    if image is not None:
+        options["image"] = image
+    if container_name is not None:
+        options["container_name"] = container_name
+    if bind_dir is not None:
+        # The host's path: made absolute as the peers do, links left alone (they may exist
+        # only on the host).
+        options["bind_dir"] = os.path.abspath(bind_dir)
+    if not auto_remove:
+        options["auto_remove"] = False
+    if not stop_container:
+        options["stop_container"] = False
+    if run_kwargs:
+        options["run_kwargs"] = dict(run_kwargs)
+    return options

@@ -8,6 +8,17 @@
     async with KernelExecCodeExecutor(kind="kernel", timeout=60) as executor:
         agent = CodeExecutorAgent("executor", code_executor=executor, approval_func=...)
 
+``kind`` is any executor name of the registry (``kernel``, ``command``, ``docker-kernel``,
+``docker-command``, ``gateway``); ``DockerCommandLineCodeExecutor`` takes autogen-ext's
+constructor arguments for the Docker command executor.
+
+The adapter behaves as autogen-ext's executors do where the native API differs (see the README's
+table): it must be started before use (``ExecutorNotStarted``, a ``RuntimeError``); a kernel's
+timeout raises ``TimeoutError`` (``ExecutionTimeout``) as ``JupyterCodeExecutor`` does, a
+command's is a result with exit code 124 as ``LocalCommandLineCodeExecutor`` gives; code files
+are deleted after the run for the local command executor (``cleanup_temp_files``); images and
+HTML go to ``output_files`` without a line in the text.
+
 Cancelling the ``CancellationToken`` interrupts the running block: a kernel gets an interrupt
 and keeps its state, a process is killed; ``execute_code_blocks`` then raises
 ``asyncio.CancelledError`` as AutoGen's contract says. The executor is a component, so
@@ -20,12 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
+from .._errors import ExecutionTimeout, ExecutorNotStarted
 from .._executor import AsyncExecutor, SyncExecutor
+from .._registry import executor_entry
 from .._types import ExecutionResult
-from ._common import make_async_executor, missing_framework
+from ._common import docker_peer_options, make_async_executor, missing_framework
 
 try:
     from autogen_core import CancellationToken, Component
@@ -35,7 +52,20 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_framework("kernelexec.integrations.autogen", "autogen", exc) from exc
 
-__all__ = ["KernelExecCodeExecutor", "KernelExecCodeExecutorConfig", "KernelExecCodeResult"]
+__all__ = [
+    "DockerCommandLineCodeExecutor",
+    "KernelExecCodeExecutor",
+    "KernelExecCodeExecutorConfig",
+    "KernelExecCodeResult",
+]
+
+logger = logging.getLogger(__name__)
+
+# The lines kernelexec adds to the text for a rich output saved to a file; autogen-ext's
+# Jupyter executor saves images and HTML to output_files and adds nothing to the text.
+_SAVED = r"\[(?:image/[\w.+-]+|text/html) saved to \S+\]"
+_SAVED_AFTER_TEXT = re.compile(rf"\n{_SAVED}(?=\n|$)")
+_SAVED_FIRST = re.compile(rf"^{_SAVED}\n?")
 
 
 @dataclass
@@ -50,10 +80,14 @@ class KernelExecCodeResult(CodeResult):
 class KernelExecCodeExecutorConfig(BaseModel):
     """What ``dump_component()`` records; enough to build an equivalent executor."""
 
-    kind: Literal["kernel", "command"] = "kernel"
+    kind: str = "kernel"
     work_dir: str | None = None
     timeout: float = 60.0
     python: str | None = None
+    cleanup_temp_files: bool | None = None
+    raise_on_timeout: bool | None = None
+    #: further executor options (``image=`` for a Docker kind, ...), JSON values only
+    options: dict[str, Any] | None = None
 
 
 class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfig]):
@@ -61,6 +95,12 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
 
     Give an async executor to wrap it (it stays yours to close), or ``kind`` and options to have
     one built; ``stop()`` closes only an executor this adapter built.
+
+    ``cleanup_temp_files`` (default: on for the local ``command`` kind, as autogen-ext's
+    ``LocalCommandLineCodeExecutor``) deletes each block's code file after the run; a failure to
+    delete is logged. ``raise_on_timeout`` (default: on for kernels, as ``JupyterCodeExecutor``)
+    raises ``ExecutionTimeout`` (a ``TimeoutError``) instead of returning exit code 124.
+    ``output_dir`` is a deprecated alias of ``work_dir`` (``JupyterCodeExecutor``'s name).
     """
 
     component_config_schema = KernelExecCodeExecutorConfig
@@ -70,24 +110,55 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         self,
         executor: AsyncExecutor | None = None,
         *,
-        kind: Literal["kernel", "command"] = "kernel",
-        work_dir: str | None = None,
+        kind: str = "kernel",
+        work_dir: str | Path | None = None,
         timeout: float = 60.0,
         python: str | None = None,
+        cleanup_temp_files: bool | None = None,
+        raise_on_timeout: bool | None = None,
+        output_dir: str | Path | None = None,
+        **options: Any,
     ) -> None:
         if isinstance(executor, SyncExecutor):
             raise TypeError(
                 "pass an async executor (AsyncKernelExecutor, AsyncCommandLineExecutor): a "
                 "synchronous one runs on its own event-loop thread, AutoGen runs on yours"
             )
+        if executor is not None and options:
+            raise ValueError("give either an executor or executor options, not both")
+        if timeout < 1:
+            raise ValueError("Timeout must be greater than or equal to 1.")  # autogen-ext's rule
+        if output_dir is not None:
+            warnings.warn(
+                "output_dir is deprecated: it is an alias of work_dir, use work_dir",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if work_dir is None:
+                work_dir = output_dir
+        if work_dir is not None and Path(work_dir).resolve() == Path.cwd().resolve():
+            warnings.warn(  # as autogen-ext warns
+                "Using the current directory as work_dir is deprecated.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        executor_entry(kind)  # an unknown name fails here, naming the valid ones
+        self._given_work_dir = None if work_dir is None else Path(work_dir)
         self._config = KernelExecCodeExecutorConfig(
-            kind=kind, work_dir=work_dir, timeout=timeout, python=python
+            kind=kind,
+            work_dir=None if work_dir is None else str(work_dir),
+            timeout=timeout,
+            python=python,
+            cleanup_temp_files=cleanup_temp_files,
+            raise_on_timeout=raise_on_timeout,
+            options=options or None,
         )
         self._owned = executor is None
+        self._started = False
         self._interrupting: asyncio.Future[Any] | None = None
         self._executor = executor if executor is not None else self._build()
         if executor is not None:
-            self._config = _config_of(executor)
+            self._config = _config_of(executor, cleanup_temp_files, raise_on_timeout)
 
     @property
     def executor(self) -> AsyncExecutor:
@@ -95,12 +166,41 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         return self._executor
 
     @property
-    def work_dir(self) -> str:
-        return str(self._executor.work_dir)
+    def work_dir(self) -> Path:
+        """The work dir as given (autogen-ext's property), else the executor's."""
+        return self._given_work_dir or self._executor.work_dir
+
+    @property
+    def output_dir(self) -> Path:
+        """``JupyterCodeExecutor``'s name for where output files go: the work dir."""
+        return self.work_dir
+
+    @property
+    def timeout(self) -> float:
+        return self._config.timeout
+
+    @property
+    def cleanup_temp_files(self) -> bool:
+        """Whether code files are deleted after each run."""
+        if self._config.cleanup_temp_files is not None:
+            return self._config.cleanup_temp_files
+        return self._executor.kind == "command" and _is_local(self._executor)
+
+    @property
+    def raise_on_timeout(self) -> bool:
+        """Whether a timeout raises ``ExecutionTimeout`` rather than returning exit code 124."""
+        if self._config.raise_on_timeout is not None:
+            return self._config.raise_on_timeout
+        return self._executor.kind == "kernel"
 
     async def execute_code_blocks(
         self, code_blocks: list[CodeBlock], cancellation_token: CancellationToken
     ) -> KernelExecCodeResult:
+        if not self._started:
+            raise ExecutorNotStarted(
+                "the executor must be started before executing code: await executor.start() "
+                "or use 'async with' (as autogen-ext's executors require)"
+            )
         if cancellation_token.is_cancelled():
             raise asyncio.CancelledError("cancelled before the code ran")
         task = asyncio.ensure_future(self._executor.execute_code_blocks(code_blocks))
@@ -118,11 +218,20 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             if not cancelled.is_set():  # our caller was cancelled, not the token
                 task.cancel()
             raise
+        finally:
+            finished = task.done() and not task.cancelled() and task.exception() is None
+            if finished and self.cleanup_temp_files:
+                _delete_code_files(task.result())
         if cancelled.is_set():
             raise asyncio.CancelledError("the code was interrupted by the cancellation token")
+        if result.timed_out and self.raise_on_timeout:
+            raise ExecutionTimeout(f"the code ran longer than {self.timeout:g} s: {result.output}")
+        output = result.output
+        if self._executor.kind == "kernel":
+            output = _SAVED_FIRST.sub("", _SAVED_AFTER_TEXT.sub("", output))
         return KernelExecCodeResult(
             exit_code=result.exit_code,
-            output=result.output,
+            output=output,
             output_files=result.output_files,
             code_file=result.code_file,
             result=result,
@@ -144,8 +253,10 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         if self._executor.closed and self._owned:
             self._executor = self._build()
         await self._executor.start()
+        self._started = True
 
     async def stop(self) -> None:
+        self._started = False
         if self._owned:
             await self._executor.close()
 
@@ -153,7 +264,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         await self._executor.restart()
 
     def _build(self) -> AsyncExecutor:
-        options: dict[str, Any] = {"timeout": self._config.timeout}
+        options: dict[str, Any] = {"timeout": self._config.timeout, **(self._config.options or {})}
         if self._config.work_dir is not None:
             options["work_dir"] = self._config.work_dir
         if self._config.python is not None:
@@ -166,13 +277,117 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
     @classmethod
     def _from_config(cls, config: KernelExecCodeExecutorConfig) -> Self:
         return cls(
-            kind=config.kind, work_dir=config.work_dir, timeout=config.timeout, python=config.python
+            kind=config.kind,
+            work_dir=config.work_dir,
+            timeout=config.timeout,
+            python=config.python,
+            cleanup_temp_files=config.cleanup_temp_files,
+            raise_on_timeout=config.raise_on_timeout,
+            **(config.options or {}),
         )
 
 
-def _config_of(executor: AsyncExecutor) -> KernelExecCodeExecutorConfig:
+class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
+    """Drop-in for autogen-ext's ``DockerCommandLineCodeExecutor``, on kernelexec's Docker
+    command executor (a locked-down container; ``image`` defaults to kernelexec's image).
+
+    Takes autogen-ext's arguments: ``image``, ``container_name``, ``timeout``, ``work_dir``,
+    ``bind_dir`` (the work dir's path on the Docker host, for Docker out of Docker),
+    ``auto_remove``, ``stop_container`` and ``delete_tmp_files``. A timeout is a result with
+    exit code 124, as there. ``functions``, ``extra_volumes``, ``extra_hosts``,
+    ``device_requests`` and ``init_command`` are not supported and raise ``NotImplementedError``.
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        container_name: str | None = None,
+        *,
+        timeout: int = 60,
+        work_dir: str | Path | None = None,
+        bind_dir: str | Path | None = None,
+        auto_remove: bool = True,
+        stop_container: bool = True,
+        delete_tmp_files: bool = False,
+        **unsupported: Any,
+    ) -> None:
+        _refuse_unsupported(unsupported)
+        options = docker_peer_options(
+            image=image,
+            container_name=container_name,
+            bind_dir=bind_dir,
+            auto_remove=auto_remove,
+            stop_container=stop_container,
+        )
+        super().__init__(
+            kind="docker-command",
+            work_dir=work_dir,
+            timeout=timeout,
+            cleanup_temp_files=delete_tmp_files,
+            raise_on_timeout=False,
+            **options,
+        )
+        self._bind_dir = None if bind_dir is None else Path(bind_dir)
+
+    @property
+    def bind_dir(self) -> Path:
+        """The directory mounted into the container: ``bind_dir`` if given, else the work dir."""
+        return self._bind_dir or self.work_dir
+
+    async def execute_code_blocks(
+        self, code_blocks: list[CodeBlock], cancellation_token: CancellationToken
+    ) -> KernelExecCodeResult:
+        if not self._started:
+            raise ExecutorNotStarted(
+                "Container is not running. Must first be started with either start or a "
+                "context manager."
+            )
+        if not code_blocks:
+            raise ValueError("No code blocks to execute.")  # autogen-ext's rule
+        return await super().execute_code_blocks(code_blocks, cancellation_token)
+
+
+_UNSUPPORTED = frozenset(
+    {"functions", "functions_module", "extra_volumes", "extra_hosts", "device_requests"}
+    | {"init_command"}
+)
+
+
+def _refuse_unsupported(given: dict[str, Any]) -> None:
+    for name, value in given.items():
+        if name not in _UNSUPPORTED:
+            raise TypeError(f"unexpected keyword argument {name!r}")
+        if value not in (None, [], (), {}, "functions"):
+            raise NotImplementedError(
+                f"{name}= of autogen-ext's DockerCommandLineCodeExecutor is not supported by "
+                "kernelexec's drop-in"
+            )
+
+
+def _delete_code_files(result: ExecutionResult) -> None:
+    """Delete the code file of every block run; a failure to delete is logged, not raised."""
+    for block in result.block_results or [result]:
+        if block.code_file is None:
+            continue
+        try:
+            Path(block.code_file).unlink(missing_ok=True)
+        except OSError as error:
+            logger.error("Failed to delete temporary file %s: %s", block.code_file, error)
+
+
+def _is_local(executor: AsyncExecutor) -> bool:
+    backend = getattr(executor, "backend", None)
+    return str(getattr(backend, "kind", "local-command")).startswith("local")
+
+
+def _config_of(
+    executor: AsyncExecutor, cleanup: bool | None, raise_on_timeout: bool | None
+) -> KernelExecCodeExecutorConfig:
     """The configuration that rebuilds ``executor`` (a temporary work dir is not carried)."""
-    kind: Literal["kernel", "command"] = "kernel" if executor.kind == "kernel" else "command"
+    label = str(getattr(getattr(executor, "backend", None), "kind", "") or "")
+    kind = executor.kind
+    if label.startswith("docker-"):
+        kind = label
     python = getattr(executor, "python", None)
     if python is None:
         with contextlib.suppress(AttributeError):
@@ -183,4 +398,6 @@ def _config_of(executor: AsyncExecutor) -> KernelExecCodeExecutorConfig:
         work_dir=None if owns_dir else str(executor.work_dir),
         timeout=executor.timeout,
         python=None if python is None else str(python),
+        cleanup_temp_files=cleanup,
+        raise_on_timeout=raise_on_timeout,
     )

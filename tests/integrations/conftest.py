@@ -56,3 +56,27 @@ def pip_setup(tmp_path: Path) -> PipSetup:
 def venv_executor(kind: str, setup: PipSetup, work_dir: Path) -> SyncExecutor[Any]:
     """An executor whose Python (process or kernel) is the throwaway venv's."""
     return sync_executor(kind, python=setup.python, env=setup.env, work_dir=work_dir, timeout=90)
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    """A Docker engine and the kernelexec image, or a clear skip (a failure under
+    ``KERNELEXEC_REQUIRE_DOCKER=1``, as in the Docker tier)."""
+    from kernelexec._errors import DockerUnavailable
+    from kernelexec.backends._docker import DEFAULT_IMAGE, DockerOptions, make_client
+
+    def unavailable(reason: str) -> None:
+        if os.environ.get("KERNELEXEC_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"{reason} (KERNELEXEC_REQUIRE_DOCKER=1, so this is a failure)")
+        pytest.skip(reason)
+
+    try:
+        client = make_client(DockerOptions())
+    except DockerUnavailable as exc:
+        unavailable(f"no Docker engine answers: {exc}")
+    try:
+        client.images.get(DEFAULT_IMAGE)
+    except Exception:  # docker.errors.ImageNotFound, without importing docker at collection
+        unavailable(f"image {DEFAULT_IMAGE} missing: run `kernelexec image build --offline`")
+    finally:
+        client.close()

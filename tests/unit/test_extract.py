@@ -57,6 +57,46 @@ def test_four_space_indent_is_not_a_fence() -> None:
     assert extract_code_blocks("    ```python\n    print(1)\n    ```\n") == []
 
 
+def test_fences_inside_list_items_are_extracted() -> None:
+    # As LLMs write numbered steps: the fence indented 4 spaces under "1." (and 8 when nested).
+    message = (
+        "Steps:\n\n1. Install it:\n    ```bash\n    pip install x\n    ```\n"
+        "2. Then run:\n    ```python\n    if True:\n        print(1)\n    ```\n"
+        "   - nested:\n\n        ```sh\n        echo deep\n        ```\n"
+    )
+    assert extract_code_blocks(message) == [
+        CodeBlock(code="pip install x", language="shell"),
+        CodeBlock(code="if True:\n    print(1)", language="python"),
+        CodeBlock(code="echo deep", language="shell"),
+    ]
+
+
+def test_fences_inside_block_quotes_are_extracted() -> None:
+    message = "> Try:\n> ```python\n> x = 1\n>\n> print(x)\n> ```\n> > ```sh\n> > ls\n> > ```"
+    assert extract_code_blocks(message) == [
+        CodeBlock(code="x = 1\n\nprint(x)", language="python"),
+        CodeBlock(code="ls", language="shell"),
+    ]
+
+
+def test_fence_right_after_an_html_line_is_a_fence() -> None:
+    message = "<details>\n```python\nprint(1)\n```\n</details>"
+    assert extract_code_blocks(message) == [CodeBlock(code="print(1)", language="python")]
+
+
+def test_nul_and_lone_cr_stay_in_the_code() -> None:
+    [block] = extract_code_blocks("```python\nx = 'a\x00b'\ry = 1\r\n```\r\n")
+    assert block.code == "x = 'a\x00b'\ry = 1"
+
+
+def test_tags_kept_as_written_when_not_canonical() -> None:
+    message = "```bash\nls\n```\n```sh\nls\n```\n```Python3 title\nx\n```\n```json\n{}\n```"
+    blocks = extract_code_blocks(message, canonical=False)
+    assert [b.language for b in blocks] == ["bash", "sh", "Python3"]
+    # untagged blocks are still inferred
+    assert extract_code_blocks("```\nprint(1)\n```", canonical=False)[0].language == "python"
+
+
 def test_backtick_in_info_string_is_not_a_fence() -> None:
     # CommonMark: "``` a`b" is inline code, not an opening fence; the next fence opens instead.
     message = "``` a`b\nprint(0)\n```python\nx = 1\n```"
@@ -277,3 +317,25 @@ def test_never_raises_on_arbitrary_text(text: str) -> None:
 )
 def test_extractor_never_raises_on_odd_content(parts: list[object]) -> None:
     MarkdownCodeExtractor().extract_code_blocks(parts)
+
+
+@st.composite
+def _container(draw: st.DrawFn) -> tuple[str, str]:
+    """A list item or block quote prefix for a fence: (first line prefix, continuation)."""
+    kind = draw(st.sampled_from(["-", "*", "1.", "10)", ">"]))
+    if kind == ">":
+        return "> ", "> "
+    marker = kind + " " * draw(st.integers(1, 4))  # 5 spaces would make indented code
+    return marker, " " * len(marker)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_bodies, _tags, _container(), _prose)
+def test_blocks_in_lists_and_quotes_extract_back_exactly(
+    body: str, tag: str, container: tuple[str, str], prose: str
+) -> None:
+    first, rest = container
+    lines = [f"```{tag}", *body.split("\n"), "```"]
+    rendered = "\n".join([first + lines[0], *(rest + line for line in lines[1:])])
+    message = f"{prose}\n\n{rendered}\n\n{prose}"
+    assert extract_code_blocks(message) == [CodeBlock(code=body, language=LANGUAGE_ALIASES[tag])]

@@ -24,6 +24,7 @@ EXPECTED = {
     "ExecutionResult",
     "ExecutionTimeout",
     "ExecutorClosed",
+    "ExecutorNotStarted",
     "ExecutorOptions",
     "GatewayAuthError",
     "GatewayKernel",
@@ -87,6 +88,8 @@ def test_errors_are_builtins_too() -> None:
     assert issubclass(kernelexec.InvalidTimeout, ValueError)
     assert issubclass(kernelexec.InvalidWorkDir, ValueError)
     assert issubclass(kernelexec.ExecutionTimeout, TimeoutError)
+    assert issubclass(kernelexec.ExecutorNotStarted, RuntimeError)
+    assert issubclass(kernelexec.ExecutorNotStarted, ValueError)
     assert issubclass(kernelexec.DockerUnavailable, kernelexec.BackendUnavailable)
     for name in kernelexec.__all__:
         obj = getattr(kernelexec, name)

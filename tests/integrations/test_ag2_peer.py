@@ -1,0 +1,207 @@
+"""The AG2 adapter behaves as AG2's own executors do (issue 14, 1-7; issue 19.3): each
+behaviour is checked through the adapter, and where it is cheap, against the real AG2 executor
+installed next to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("autogen.coding", reason="the ag2 extra is installed in CI (.ci/extras.sh)")
+
+from autogen.coding import CodeBlock, LocalCommandLineCodeExecutor, MarkdownCodeExtractor
+
+from kernelexec import UnknownExecutor
+from kernelexec._registry import EXECUTOR_NAMES
+from kernelexec.integrations.ag2 import AG2CodeExecutor
+
+from . import _fixtures as flows
+from .test_ag2 import ag2_chat
+
+KINDS = ["command", "kernel"]
+
+
+@pytest.fixture(params=KINDS)
+def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    with AG2CodeExecutor(kind=request.param, work_dir=tmp_path / "ours", timeout=60) as a:
+        yield a
+
+
+def peer(tmp_path: Path, **kwargs: Any) -> LocalCommandLineCodeExecutor:
+    return LocalCommandLineCodeExecutor(work_dir=tmp_path / "peer", timeout=60, **kwargs)
+
+
+# -- 14.1 / 14.2: extraction --------------------------------------------------------------------
+
+MESSAGE = "Run:\n```bash\necho one\n```\n```sh\necho two\n```\n```python\nprint(3)\n```\n"
+
+
+def test_language_tags_are_kept_as_written_as_ag2(adapter: AG2CodeExecutor) -> None:
+    ours = adapter.code_extractor.extract_code_blocks(MESSAGE)
+    theirs = MarkdownCodeExtractor().extract_code_blocks(MESSAGE)
+    assert [(b.code, b.language) for b in ours] == [(b.code, b.language) for b in theirs]
+    assert [b.language for b in ours] == ["bash", "sh", "python"]
+    result = adapter.execute_code_blocks(ours)
+    assert result.exit_code == 0 and result.output.split() == ["one", "two", "3"]
+
+
+def test_untagged_command_lines_are_sh_as_ag2(adapter: AG2CodeExecutor) -> None:
+    message = "```\npython -c 'print(6 * 7)'\n```\n```\nprint('py')\n```"
+    ours = adapter.code_extractor.extract_code_blocks(message)
+    theirs = MarkdownCodeExtractor().extract_code_blocks(message)
+    assert [b.language for b in ours] == [b.language for b in theirs] == ["sh", "python"]
+    result = adapter.execute_code_blocks(ours)
+    assert result.exit_code == 0 and result.output.split() == ["42", "py"]
+
+
+def test_fences_in_numbered_steps_are_extracted_and_run(adapter: AG2CodeExecutor) -> None:
+    message = (
+        "1. First:\n    ```python\n    x = 6 * 7\n    print(x)\n    ```\n"
+        "2. Then:\n    ```bash\n    echo done\n    ```\n"
+    )
+    blocks = adapter.code_extractor.extract_code_blocks(message)
+    assert [(b.code, b.language) for b in blocks] == [
+        ("x = 6 * 7\nprint(x)", "python"),
+        ("echo done", "bash"),
+    ]
+    result = adapter.execute_code_blocks(blocks)
+    assert result.exit_code == 0 and result.output.split() == ["42", "done"]
+
+
+# -- 14.3: execution policies ------------------------------------------------------------------
+
+
+def test_html_and_javascript_are_saved_not_run_as_ag2(
+    adapter: AG2CodeExecutor, tmp_path: Path
+) -> None:
+    blocks = [
+        CodeBlock(code="<h1>hello</h1>", language="html"),
+        CodeBlock(code="console.log('x')", language="javascript"),
+    ]
+    theirs = peer(tmp_path).execute_code_blocks(blocks)
+    ours = adapter.execute_code_blocks(blocks)
+    assert ours.exit_code == theirs.exit_code == 0
+    saved = [line for line in ours.output.splitlines() if line]
+    assert len(saved) == 2 and all(line.startswith("Code saved to ") for line in saved)
+    assert all(line.startswith("Code saved to ") for line in theirs.output.splitlines() if line)
+    html = Path(saved[0].removeprefix("Code saved to "))
+    assert html.suffix == ".html" and html.read_text() == "<h1>hello</h1>"
+    assert html.parent == adapter.executor.work_dir.resolve()
+    assert ours.code_file == str(html)
+
+
+def test_execution_policies_override_per_language(tmp_path: Path) -> None:
+    with AG2CodeExecutor(
+        kind="command", work_dir=tmp_path, execution_policies={"python": False}
+    ) as adapter:
+        result = adapter.execute_code_blocks(
+            [CodeBlock(code="# out.py\nopen('ran.txt', 'w')", language="python")]
+        )
+        assert adapter.execution_policies["html"] is False
+    assert result.exit_code == 0 and result.output == f"Code saved to {tmp_path / 'out.py'}\n"
+    assert (tmp_path / "out.py").exists() and not (tmp_path / "ran.txt").exists()
+
+
+# -- 14.4: AG2's first-line file names ---------------------------------------------------------
+
+
+def test_first_line_file_name_is_honoured_as_ag2(tmp_path: Path) -> None:
+    block = [CodeBlock(code="# test.py\nprint('from test.py')", language="python")]
+    theirs = peer(tmp_path).execute_code_blocks(block)
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path / "ours") as adapter:
+        ours = adapter.execute_code_blocks(block)
+    assert ours.exit_code == theirs.exit_code == 0
+    assert ours.output == theirs.output == "from test.py\n"
+    assert theirs.code_file is not None and ours.code_file is not None
+    assert Path(theirs.code_file).name == Path(ours.code_file).name == "test.py"
+    assert (tmp_path / "ours" / "test.py").exists()
+
+
+def test_first_line_file_name_stays_inside_the_work_dir(tmp_path: Path) -> None:
+    block = [CodeBlock(code="# ../escape.py\nprint('no')", language="python")]
+    theirs = peer(tmp_path).execute_code_blocks(block)
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path / "ours") as adapter:
+        ours = adapter.execute_code_blocks(block)
+    assert ours.exit_code == theirs.exit_code == 1
+    assert "escapes the work dir" in ours.output
+    assert not (tmp_path / "escape.py").exists()
+
+
+# -- 14.5: timeout and work_dir ----------------------------------------------------------------
+
+
+def test_timeout_and_work_dir_as_given_as_ag2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    theirs = LocalCommandLineCodeExecutor(work_dir="coding", timeout=7)
+    with AG2CodeExecutor(kind="command", work_dir="coding", timeout=7) as ours:
+        assert ours.work_dir == theirs.work_dir == Path("coding")
+        assert ours.timeout == theirs.timeout == 7
+        result = ours.execute_code_blocks(
+            [CodeBlock(code="import os; print(os.getcwd())", language="python")]
+        )
+    assert result.output.strip() == str(tmp_path / "coding")
+
+
+# -- 14.6: pip quietened -----------------------------------------------------------------------
+
+
+def test_pip_install_is_quietened_as_ag2(tmp_path: Path) -> None:
+    # No network: the install fails fast, but what ran is in the code file either way.
+    code = "pip install --no-index kxdemo-not-there\necho after"
+    block = [CodeBlock(code=code, language="sh")]
+    theirs = peer(tmp_path).execute_code_blocks(block)
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path / "ours") as adapter:
+        ours = adapter.execute_code_blocks(block)
+    assert ours.code_file is not None and theirs.code_file is not None
+    ran = Path(ours.code_file).read_text()
+    assert ran == Path(theirs.code_file).read_text()
+    assert ran.startswith("pip install -qqq --no-index")
+
+
+def test_ipython_pip_lines_are_quietened(tmp_path: Path) -> None:
+    install = "pip install --no-index kxdemo-not-there"
+    code = f"!{install}\n%{install}\nprint('x')"
+    with AG2CodeExecutor(kind="kernel", work_dir=tmp_path) as adapter:
+        result = adapter.execute_code_blocks([CodeBlock(code=code, language="python")])
+        ran = adapter.executor.notebook.cells[-1].source  # what the kernel was given
+    assert result.exit_code == 0 and result.output.strip().endswith("x")
+    assert ran.splitlines()[:2] == [
+        "!pip install -qqq --no-index kxdemo-not-there",
+        "%pip install -qqq --no-index kxdemo-not-there",
+    ]
+
+
+# -- 14.7: IPython ! lines in a shell block, stateful executor ----------------------------------
+
+
+def test_bang_lines_in_a_bash_block_run_in_the_kernel(tmp_path: Path) -> None:
+    with AG2CodeExecutor(kind="kernel", work_dir=tmp_path) as adapter:
+        result = adapter.execute_code_blocks(
+            [CodeBlock(code="!echo from-bang\n!echo second", language="bash")]
+        )
+        plain = adapter.execute_code_blocks([CodeBlock(code="echo plain", language="bash")])
+    assert result.exit_code == 0 and result.output.split() == ["from-bang", "second"]
+    assert plain.exit_code == 0 and plain.output.strip() == "plain"  # plain bash still runs
+
+
+# -- 19.3: every registered name -----------------------------------------------------------------
+
+
+def test_every_registered_name_is_accepted() -> None:
+    for name in EXECUTOR_NAMES:
+        options: dict[str, Any] = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
+        adapter = AG2CodeExecutor(kind=name, **options)
+        assert adapter.executor.aio.kind in ("kernel", "command")
+        adapter.close()
+    with pytest.raises(UnknownExecutor, match="docker-command"):
+        AG2CodeExecutor(kind="jupyter")
+
+
+def test_a_chat_through_the_adapter_with_numbered_steps(adapter: AG2CodeExecutor) -> None:
+    steps = "Steps:\n\n1. compute:\n    " + flows.FIB.split("\n", 1)[1].replace("\n", "\n    ")
+    heard = ag2_chat(adapter, "fib 14", steps, flows.DONE)
+    assert heard == ["exitcode: 0 (execution succeeded)\nCode output: 377\n"]
