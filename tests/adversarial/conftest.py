@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,19 +50,48 @@ def require(name: str, problem: str | None) -> None:
         pytest.skip(problem)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def backend(request: pytest.FixtureRequest, docker_problem: str | None) -> str:
     name: str = request.param
     require(name, docker_problem)
     return name
 
 
+class Executors:
+    """Executors by back end name, built on first use and closed together.
+
+    A cache of our own rather than a parametrised module fixture: pytest keys those by the
+    parameter's position in each case's list, so cases with different back end lists would
+    start the same back end again.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._open: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        if name not in self._open:
+            work = self._root / name
+            self._open[name] = make_executor(name, work_dir=work, timeout=30)
+        return self._open[name]
+
+    def close(self) -> None:
+        for executor in self._open.values():
+            executor.close()
+        self._open.clear()
+
+
 @pytest.fixture(scope="module")
-def ex(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One executor of ``backend`` shared by a module's cases (30 s default timeout)."""
-    work = tmp_path_factory.mktemp(f"adv-{backend}")
-    with make_executor(backend, work_dir=work, timeout=30) as executor:
-        yield executor
+def executors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Executors]:
+    cache = Executors(tmp_path_factory.mktemp("adv"))
+    yield cache
+    cache.close()
+
+
+@pytest.fixture
+def ex(backend: str, executors: Executors) -> Any:
+    """The module's executor of ``backend``, shared by its cases (30 s default timeout)."""
+    return executors.get(backend)
 
 
 @pytest.fixture
