@@ -44,7 +44,7 @@ def _containers(backend: str) -> set[str]:
         found = client.containers.list(
             all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"}
         )
-        return {c.id for c in found}
+        return {str(c.id) for c in found}
     finally:
         client.close()
 
