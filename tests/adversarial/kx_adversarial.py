@@ -151,6 +151,12 @@ SPAWNERS = {
         "subprocess.run([sys.executable, '-c', _mid, sys.executable, '-c', {stubborn!r},\n"
         "                {token!r}], check=True)\n"
     ),
+    # The shell's way: nohup and setsid, in the background.
+    "nohup": (
+        "import subprocess, sys\n"
+        'subprocess.run([\'bash\', \'-c\', \'nohup setsid "$0" -c "$1" "$2" '
+        ">/dev/null 2>&1 &', sys.executable, {stubborn!r}, {token!r}], check=True)\n"
+    ),
 }
 
 

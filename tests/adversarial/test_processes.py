@@ -40,7 +40,7 @@ def _spawn(ex: Any, how: str, token: str, extra: str = "", timeout: float = 30) 
     return r
 
 
-DETACHED = ("new-session", "double-fork")
+DETACHED = ("new-session", "double-fork", "nohup")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from kx_adversarial import ALL, KERNELS, SLACK, backends
+from kx_adversarial import ALL, KERNELS, SLACK, backends, wait_gone
 
 TIMEOUT = 3.0
 
@@ -22,7 +22,9 @@ DEAF = (
 )
 
 
-def _run_past_timeout(ex: Any, code: str) -> Any:
+def _run_past_timeout(ex: Any, code: str, token: str) -> Any:
+    # Saved under the token's name: a stateless block's process carries it in its command line.
+    code = f"# filename: {token}.py\n{code}"
     started = time.monotonic()
     r = ex.execute(code, timeout=TIMEOUT)
     elapsed = time.monotonic() - started
@@ -36,27 +38,30 @@ def _run_past_timeout(ex: Any, code: str) -> Any:
 
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 @pytest.mark.parametrize("code", [BUSY, ASLEEP], ids=["busy-loop", "sleep"])
-def test_past_the_timeout_state_is_kept(backend: str, ex: Any, code: str) -> None:
+def test_past_the_timeout_state_is_kept(backend: str, ex: Any, code: str, token: str) -> None:
     stateful = backend in KERNELS
     ex.execute("kept = 'yes'")
-    r = _run_past_timeout(ex, code)
+    r = _run_past_timeout(ex, code, token)
     if stateful:
         assert not r.state_lost and "state were kept" in r.output, r.output
         assert ex.execute("print(kept)").output == "yes\n"
     else:
         assert "killed" in r.output
+        assert wait_gone(token) == []
     assert ex.execute("print('usable')").output == "usable\n"
 
 
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)
-def test_a_loop_deaf_to_sigint_loses_state_and_says_so(backend: str, ex: Any) -> None:
+def test_a_loop_deaf_to_sigint_loses_state_and_says_so(backend: str, ex: Any, token: str) -> None:
     ex.execute("kept = 'yes'")
-    r = _run_past_timeout(ex, DEAF)
+    r = _run_past_timeout(ex, DEAF, token)
     if backend in KERNELS:
         # The interrupt cannot stop it: the kernel is replaced, and the result says so.
         assert r.state_lost, r.output
         assert "state was lost" in r.output, r.output
         assert ex.execute("print('kept' in dir())").output == "False\n"
+    else:
+        assert wait_gone(token) == []
     assert ex.execute("print('usable')").output == "usable\n"
 
 
