@@ -25,11 +25,10 @@ from kx_adversarial import (
     accounted_chars,
     backends,
 )
+from kx_flood_host import CASES, TOKEN
 
 HOST = Path(__file__).with_name("kx_flood_host.py")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(HOST.parent))
-from kx_flood_host import CASES, TOKEN  # noqa: E402
 
 TIMEOUTS = {name: timeout for name, _, timeout, _ in CASES}
 # A host that bounds its capture holds a few MB more during a flood, not the flood.
