@@ -1,0 +1,112 @@
+"""Bad input: unknown language, empty block, 5 MB of source, source that is not valid UTF-8, bad
+timeouts, a work dir that is a file. Each is a clear result or an exception from the tree."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kx_adversarial import ALL, KERNELS, SLACK, backends, pairs
+
+from kernelexec import CodeBlock, KernelExecError, make_executor
+
+NAN = math.nan
+
+
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
+def test_unknown_or_missing_language_is_a_result(ex: Any) -> None:
+    r = ex.execute("IDENTIFICATION DIVISION.", language="cobol")
+    assert not r.ok and r.error is not None and r.error.ename == "UnsupportedLanguage"
+    assert "cobol" in r.output
+    r = ex.execute_block(CodeBlock(code="not python at all (", language=""))
+    assert not r.ok and r.error is not None and r.error.ename == "UnknownLanguage"
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+EMPTY_SHELL = "new: an empty shell block on a kernel fails with IPython's UsageError"
+
+
+@pytest.mark.parametrize(
+    ("backend", "language"),
+    pairs(ALL, ["python", "shell"], xfail={(n, "shell"): EMPTY_SHELL for n in KERNELS}),
+    indirect=["backend"],
+)
+def test_empty_block(ex: Any, language: str) -> None:
+    r = ex.execute("", language)
+    assert (r.exit_code, r.output, r.error) == (0, "", None)
+    r = ex.execute_message("```python\n```\n")
+    assert r.exit_code == 0
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
+def test_five_mb_of_source(ex: Any) -> None:
+    code = "s = '" + "a" * 5_000_000 + "'\nprint(len(s))\n"
+    started = time.monotonic()
+    r = ex.execute(code, timeout=60)
+    assert time.monotonic() - started < 60 + SLACK
+    assert (r.exit_code, r.output) == (0, "5000000\n"), r.output[:500]
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
+def test_source_that_is_not_utf8(ex: Any) -> None:
+    # A lone surrogate: what a str holds when bytes that are not UTF-8 were decoded leniently.
+    r = ex.execute("print('<\udcff>')\nprint('next')")
+    assert r.exit_code == 0, r.output
+    # The character is replaced (the back ends differ on the replacement), never lost.
+    first, second = r.output.splitlines()
+    assert len(first) == 3 and first[0] == "<" and first[2] == ">", r.output
+    assert second == "next"
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+PER_CALL = "issue 13.6: per-call timeout not validated"
+
+
+@pytest.mark.parametrize("backend", backends(ALL, xfail={n: PER_CALL for n in ALL}), indirect=True)
+@pytest.mark.parametrize("timeout", [0, -1, NAN], ids=["zero", "negative", "nan"])
+def test_bad_per_call_timeout_is_refused(ex: Any, timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        ex.execute("print('ran')", timeout=timeout)
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
+@pytest.mark.parametrize("timeout", [0, -1], ids=["zero", "negative"])
+def test_bad_executor_timeout_is_refused(backend: str, timeout: float, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        make_executor(backend, work_dir=tmp_path, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    backends(ALL, xfail={n: "new: the constructor accepts timeout=nan" for n in ALL}),
+    indirect=True,
+)
+def test_nan_executor_timeout_is_refused(backend: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        ex = make_executor(backend, work_dir=tmp_path, timeout=NAN)
+        ex.close()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    backends(
+        ALL, xfail={n: "issue 13.10: a work dir that is a file: bare FileExistsError" for n in ALL}
+    ),
+    indirect=True,
+)
+def test_a_work_dir_that_is_a_file(backend: str, tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("not a folder")
+    with pytest.raises(KernelExecError):
+        ex = make_executor(backend, work_dir=path, timeout=10)
+        try:
+            ex.execute("print(1)")
+        finally:
+            ex.close()
+    assert path.read_text() == "not a folder"
