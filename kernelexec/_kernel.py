@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
-
 from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
@@ -85,8 +83,6 @@ def _kx_setup():
 _kx_setup()
 del _kx_setup
 """
-# The host's receive queue for iopub, in messages: with bounded messages, a bounded backlog.
-_IOPUB_RECEIVE_QUEUE = 64
 
 
 class _Ending(enum.Enum):
@@ -176,7 +172,6 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
-        _bound_iopub_queue(self.backend.client)
         await self._run_quietly(_SETUP_CODE)
 
     async def _run_quietly(self, code: str) -> None:
@@ -224,6 +219,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         if block.target is not None:
             block.target.parent.mkdir(parents=True, exist_ok=True)
             block.target.write_text(block.code, encoding="utf-8")
+        if block.language == "shell" and not block.code.strip():
+            return ""  # nothing to run; %%bash refuses an empty cell body
         if block.language == "shell":
             # IPython's bash cell magic: streams output, runs in the kernel's cwd and env, and
             # fails the cell on a non-zero exit status.
@@ -384,21 +381,6 @@ async def _reply_for(backend: KernelBackend, msg_id: str) -> dict[str, Any]:
         if _parent_id(msg) == msg_id:
             content: dict[str, Any] = msg.get("content", {})
             return content
-
-
-def _bound_iopub_queue(client: object) -> None:
-    """Bound the messages the host holds for a client's iopub socket (zmq's default: 1,000).
-
-    The kernel's PUB socket has no send limit (see ``_SETUP_CODE``), so a full queue here pushes
-    back on the kernel instead of dropping messages: nothing is lost (a block displaying 10,000
-    outputs lost about half of them before), and host memory stays bounded when a block floods.
-    libzmq applies the new limit to the connection already made. A client without a zmq iopub
-    socket (the gateway's WebSocket) is left as it is.
-    """
-    channel = getattr(client, "iopub_channel", None)
-    socket = getattr(channel, "socket", None)
-    if isinstance(socket, zmq.Socket):
-        socket.setsockopt(zmq.RCVHWM, _IOPUB_RECEIVE_QUEUE)
 
 
 def _parent_id(msg: Mapping[str, Any]) -> str | None:

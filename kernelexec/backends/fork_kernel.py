@@ -35,7 +35,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
-from ._ready import NotReady, wait_bound, wait_ready
+from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 
@@ -225,7 +225,7 @@ class ForkKernel(KernelBackend):
         deadline = time.monotonic() + timeout
         try:
             await wait_bound(_socket_files(kc), deadline, self._running)
-            kc.start_channels(hb=False)  # liveness comes from the process itself
+            start_channels(kc)
             await wait_ready(kc, deadline, self._running)
         except NotReady as exc:
             detail = "it exited" if exc.died else f"no answer within {timeout:g} s"

@@ -33,6 +33,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
+from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 
@@ -246,7 +247,7 @@ class LocalKernel(KernelBackend):
         assert self._km is not None
         self._kc = kc = self._km.client()
         self._tracker = _BlockTracker(kc, self)
-        kc.start_channels(hb=False)  # liveness comes from the process itself
+        start_channels(kc)
         try:
             await kc.wait_for_ready(timeout=timeout)
         except (RuntimeError, TimeoutError) as exc:

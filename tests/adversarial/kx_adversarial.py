@@ -172,12 +172,14 @@ def wait_started(token: str, count: int = 1, within: float = 15.0) -> None:
     assert len(processes_with(token)) >= count, f"never started: {token}"
 
 
+_FULL_OUTPUT_NOTE = re.compile(r"\n\[full output in [^\n]*\]$")
 _MARKER = re.compile(r"\n?\[\.\.\. (\d+) characters omitted[^\n]*?\.\.\.\]\n?")
 
 
 def accounted_chars(text: str) -> tuple[int, int]:
     """(characters a possibly truncated text accounts for, how many times it was cut): the
     characters kept plus the count its "[... N characters omitted ...]" marker reports."""
+    text = _FULL_OUTPUT_NOTE.sub("", text)  # where the whole text was spilled: not output
     counts = [int(m[1]) for m in _MARKER.finditer(text)]
     kept = len(_MARKER.sub("", text))
     return kept + sum(counts), len(counts)

@@ -19,7 +19,6 @@ import pytest
 from kx_adversarial import (
     ALL,
     DOCKER_KERNEL,
-    KERNEL,
     KERNELS,
     SLACK,
     accounted_chars,
@@ -79,9 +78,7 @@ SIZES = {"stdout-100mb": 100_000_000, "line-50mb": 50_000_001}
 CUT_TWICE = "issue 13.5: kernel output cut twice, wrong omitted count"
 
 
-@pytest.mark.parametrize(
-    "backend", backends(ALL, xfail={KERNEL: CUT_TWICE, DOCKER_KERNEL: CUT_TWICE}), indirect=True
-)
+@pytest.mark.parametrize("backend", backends(ALL, xfail={}), indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_a_flood_is_truncated_with_the_true_count(flood: dict[str, Any], name: str) -> None:
     case = _case(flood, name)
@@ -96,7 +93,7 @@ HOST_MEMORY = "issue 13.9: kernel host memory grows with the flood"
 
 
 @pytest.mark.parametrize(
-    "backend", backends(ALL, xfail={KERNEL: HOST_MEMORY, DOCKER_KERNEL: HOST_MEMORY}), indirect=True
+    "backend", backends(ALL, xfail={DOCKER_KERNEL: HOST_MEMORY}), indirect=True
 )
 @pytest.mark.parametrize("name", list(SIZES))
 def test_a_flood_leaves_host_memory_bounded(flood: dict[str, Any], name: str) -> None:
@@ -108,9 +105,7 @@ def test_a_flood_leaves_host_memory_bounded(flood: dict[str, Any], name: str) ->
 DROPPED = "issue 13.1: display outputs silently dropped"
 
 
-@pytest.mark.parametrize(
-    "backend", backends(KERNELS, xfail={KERNEL: DROPPED, DOCKER_KERNEL: DROPPED}), indirect=True
-)
+@pytest.mark.parametrize("backend", backends(KERNELS, xfail={}), indirect=True)
 def test_ten_thousand_displays_are_kept_or_counted(flood: dict[str, Any]) -> None:
     case = _case(flood, "displays")
     assert case["exit_code"] == 0
@@ -145,7 +140,7 @@ def test_random_bytes_to_fd_1_and_fd_1_still_works(flood: dict[str, Any]) -> Non
 CONTROL = "issue 13.10: control characters reach output"
 
 
-@pytest.mark.parametrize("backend", backends(ALL, xfail={n: CONTROL for n in ALL}), indirect=True)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_binary_output_leaves_no_control_characters_in_output(flood: dict[str, Any]) -> None:
     case = _case(flood, "random-stdout")
     found = sorted(set(_CONTROL.findall(case["output"])))
@@ -154,7 +149,7 @@ def test_binary_output_leaves_no_control_characters_in_output(flood: dict[str, A
 
 @pytest.mark.parametrize(
     "backend",
-    backends(ALL, xfail={KERNEL: "issue 13.7: kernel writes to host stdout"}),
+    backends(ALL),
     indirect=True,
 )
 def test_a_blocks_output_never_reaches_the_hosts_stdout(flood: dict[str, Any]) -> None:

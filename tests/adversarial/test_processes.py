@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 from kx_adversarial import (
     ALL,
-    COMMAND,
     COMMANDS,
-    KERNEL,
     KERNELS,
     SLACK,
     SPAWNERS,
@@ -45,7 +43,7 @@ DETACHED = ("new-session", "double-fork", "nohup")
 
 @pytest.mark.parametrize(
     ("backend", "how"),
-    pairs(COMMANDS, SPAWNERS, xfail={(COMMAND, how): ESCAPE for how in DETACHED}),
+    pairs(COMMANDS, SPAWNERS, xfail={}),
     indirect=["backend"],
 )
 def test_nothing_outlives_a_stateless_block(backend: str, ex: Any, token: str, how: str) -> None:
@@ -57,7 +55,7 @@ def test_nothing_outlives_a_stateless_block(backend: str, ex: Any, token: str, h
 
 @pytest.mark.parametrize(
     ("backend", "how"),
-    pairs(KERNELS, SPAWNERS, xfail={(KERNEL, how): ESCAPE for how in DETACHED}),
+    pairs(KERNELS, SPAWNERS, xfail={}),
     indirect=["backend"],
 )
 def test_nothing_a_kernel_started_survives_restart(
@@ -75,8 +73,6 @@ def test_nothing_a_kernel_started_survives_restart(
     backends(
         ALL,
         xfail={
-            COMMAND: ESCAPE,
-            KERNEL: ESCAPE,
             "docker-kernel": "issue 13.4: "
             "processes a timed-out block started keep running in the container",
         },
@@ -91,9 +87,7 @@ def test_a_timed_out_blocks_processes_die(backend: str, ex: Any, token: str) -> 
     assert ex.execute("print('usable')").output == "usable\n"
 
 
-@pytest.mark.parametrize(
-    "backend", backends(ALL, xfail={COMMAND: ESCAPE, KERNEL: ESCAPE}), indirect=True
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_nothing_survives_close(backend: str, token: str, tmp_path: Path) -> None:
     ex = make_executor(backend, work_dir=tmp_path, timeout=30)
     try:
