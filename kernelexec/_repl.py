@@ -1,22 +1,28 @@
 """``kernelexec repl``: type code, keep state.
 
-Lines are collected into a buffer; a blank line or a line that is just ``;;`` runs it (``;;``
-lets a block hold blank lines of its own). End of input runs what is left. Works the same
-when stdin is a pipe. Ctrl-C interrupts the running block and keeps the session (a kernel's
-state too); at the prompt it drops the block being typed.
+In a terminal, ``run_interactive`` gives line editing and a persistent history (prompt_toolkit,
+which IPython already depends on): Enter runs a block once it is complete, as IPython decides.
+From a pipe, ``run_repl`` reads plain lines: they are collected into a buffer, and a blank line
+or a line that is just ``;;`` runs it (``;;`` lets a block hold blank lines of its own); end of
+input runs what is left. Either way Ctrl-C interrupts the running block and keeps the session
+(a kernel's state too); at the prompt it drops the block being typed.
 """
 
 from __future__ import annotations
 
+import codeop
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 from ._executor import SyncExecutor
 from ._types import ExecutionResult
+from ._view import LiveView, block_footer
 
 _RUN_MARK = ";;"
 _EXIT_INTERRUPTED = 130  # as a shell reports a command ended by Ctrl-C
@@ -144,3 +150,107 @@ def _read_line(stdin: TextIO, stdout: TextIO, prompt: bool, *, continued: bool) 
             stdout.write("\n")
         return None
     return line.rstrip("\n")
+
+
+# -- the interactive terminal (prompt_toolkit) -------------------------------------------------
+_HISTORY_ENV = "KERNELEXEC_HISTORY"
+
+
+def history_path() -> Path:
+    """Where the REPL keeps its history: ``$KERNELEXEC_HISTORY``, else the XDG state folder."""
+    if os.environ.get(_HISTORY_ENV):
+        return Path(os.environ[_HISTORY_ENV])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(state) / "kernelexec" / "repl_history"
+
+
+def is_complete(text: str, language: str) -> bool:
+    """Whether Enter should run ``text`` (else it starts a new line, as in IPython).
+
+    Python: the code compiles as it is and its last line is not indented (a blank line ends an
+    indented block); ``%`` magics and ``!`` shell lines are complete. Shell: a line not ending
+    in a backslash.
+    """
+    if not text.strip():
+        return True
+    last = text.split("\n")[-1]
+    if language != "python":
+        return not text.rstrip("\n").endswith("\\")
+    if text.lstrip().startswith(("%", "!")) and "\n" not in text.strip():
+        return True
+    if "\n" in text and last.strip() == "":
+        return True  # a blank line after a block ends it, even an unfinished one
+    if last.startswith((" ", "\t")):
+        return False
+    try:
+        return codeop.compile_command(text, "<repl>", "exec") is not None
+    except (SyntaxError, ValueError, OverflowError):
+        return True  # let the kernel report the error
+
+
+def run_interactive(executor: SyncExecutor[Any], out: TextIO, *, language: str = "python") -> int:
+    """The terminal REPL: line editing, a persistent history, multi-line blocks with a
+    continuation prompt, output as it happens and each block's files and status after it."""
+    session = _prompt_session(language)
+    view = LiveView(out, colour=out.isatty())
+    executor.aio.on_output = view
+    out.write(
+        "kernelexec repl: Enter runs a complete block (a blank line ends an indented one); "
+        "Ctrl-C interrupts; Ctrl-D quits.\n"
+    )
+    status = 0
+    while True:
+        try:
+            code = session.prompt(">>> ")
+        except KeyboardInterrupt:
+            out.write("KeyboardInterrupt\n")  # the block being typed is dropped
+            continue
+        except EOFError:
+            return status
+        if code.strip():
+            status = _run_live(executor, code.rstrip("\n") + "\n", language, view, out)
+
+
+def _prompt_session(language: str) -> Any:
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    path = history_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = KeyBindings()
+
+    @keys.add("enter")
+    def _(event: Any) -> None:
+        buffer = event.current_buffer
+        if is_complete(buffer.text, language):
+            buffer.validate_and_handle()
+        else:
+            indent = len(buffer.document.current_line) - len(buffer.document.current_line.lstrip())
+            extra = 4 if buffer.document.current_line.rstrip().endswith(":") else 0
+            buffer.insert_text("\n" + " " * (indent + extra))
+
+    return PromptSession(
+        history=FileHistory(str(path)),
+        multiline=True,
+        key_bindings=keys,
+        prompt_continuation=lambda width, line, soft: "... ".rjust(width),
+    )
+
+
+def _run_live(
+    executor: SyncExecutor[Any], code: str, language: str, view: LiveView, out: TextIO
+) -> int:
+    try:
+        with _ctrl_c_interrupts(executor):
+            result = executor.execute(code, language)
+    except KeyboardInterrupt:
+        view.finish()
+        out.write("KeyboardInterrupt\n")
+        out.flush()
+        return _EXIT_INTERRUPTED
+    view.finish()
+    if result.files or not result.ok:
+        out.write(block_footer(result, executor.work_dir) + "\n")
+    out.flush()
+    return result.exit_code

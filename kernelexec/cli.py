@@ -203,9 +203,11 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_repl(args: argparse.Namespace) -> int:
-    from ._repl import run_repl
+    from ._repl import run_interactive, run_repl
 
     with _executor_from(args) as executor:
+        if sys.stdin.isatty() and sys.stdout.isatty() and not args.separator_only:
+            return run_interactive(executor, sys.stdout, language=normalize_language(args.language))
         return run_repl(
             executor,
             sys.stdin,

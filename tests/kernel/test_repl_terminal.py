@@ -1,11 +1,15 @@
-"""``kernelexec repl`` driven through a real terminal (pexpect), as a user types (issue 13.8).
+"""``kernelexec repl`` driven through a real terminal (pexpect), as a user types (issues 13.8,
+16.2).
 
 Ctrl-C while a block runs interrupts that block (state kept, prompt back); Ctrl-C at the prompt
-drops the line being typed; Ctrl-D quits with status 0.
+drops the block being typed; Ctrl-D quits with status 0. Enter runs a complete block, an
+unfinished one continues on a ``...`` line; history persists across sessions; ``%``/``!`` lines
+reach the kernel; saved files are listed after the block.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,10 +20,17 @@ import pytest
 pexpect = pytest.importorskip("pexpect")
 
 ROOT = Path(__file__).resolve().parents[2]  # this checkout's kernelexec
-PROMPT = ">>> "
+# prompt_toolkit draws the prompt's trailing space as a cursor move, so match without it
+PROMPT = ">>>"
+CONTINUATION = "..."
 
 
-def spawn(executor: str, tmp_path: Path) -> pexpect.spawn:
+def spawn(executor: str, tmp_path: Path, history: Path | None = None) -> pexpect.spawn:
+    env = {
+        **os.environ,
+        "PROMPT_TOOLKIT_NO_CPR": "1",  # no cursor-position query: pexpect would not answer it
+        "KERNELEXEC_HISTORY": str(history or tmp_path.with_name("history")),
+    }
     child = pexpect.spawn(
         sys.executable,
         ["-m", "kernelexec", "repl", "--executor", executor, "--work-dir", str(tmp_path)],
@@ -27,6 +38,7 @@ def spawn(executor: str, tmp_path: Path) -> pexpect.spawn:
         encoding="utf-8",
         timeout=60,
         dimensions=(40, 200),
+        env=env,
     )
     child.expect_exact(PROMPT)
     return child
@@ -54,10 +66,8 @@ SLEEPER = "import time; open('started', 'w').close(); time.sleep(30)"
 
 
 def run(child: pexpect.spawn, line: str) -> None:
-    """Type ``line`` and a blank line (which runs the block)."""
-    child.sendline(line)
-    child.expect_exact(["... ", PROMPT])  # the continuation prompt
-    child.sendline("")
+    """Type a complete one-line block and Enter (which runs it)."""
+    child.send(line + "\r")
 
 
 @pytest.mark.parametrize("repl", ["kernel"], indirect=True)
@@ -99,8 +109,8 @@ def test_ctrl_c_stops_a_command_block_and_the_repl_goes_on(
 
 @pytest.mark.parametrize("repl", ["kernel"], indirect=True)
 def test_ctrl_c_at_the_prompt_drops_the_pending_input(repl: pexpect.spawn) -> None:
-    repl.sendline("x = 'first line of a block'")
-    repl.expect_exact(["... ", PROMPT])
+    repl.send("for x in range(3):\r")
+    repl.expect_exact(CONTINUATION)
     repl.send("print('never run')")
     repl.sendintr()
     repl.expect_exact("KeyboardInterrupt")
@@ -113,3 +123,54 @@ def test_ctrl_c_at_the_prompt_drops_the_pending_input(repl: pexpect.spawn) -> No
     repl.expect(pexpect.EOF, timeout=30)
     repl.close()
     assert repl.exitstatus == 0
+
+
+def quit_repl(child: pexpect.spawn) -> None:
+    child.sendeof()
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize("repl", ["kernel"], indirect=True)
+def test_multi_line_blocks_continue_until_complete(repl: pexpect.spawn) -> None:
+    repl.send("def double(x):\r")
+    repl.expect_exact(CONTINUATION)
+    repl.send("return x * 2\r")  # auto-indented; an indented line does not end the block
+    repl.expect_exact(CONTINUATION)
+    repl.send("\r")  # a blank line ends it
+    repl.expect_exact(PROMPT)
+    run(repl, "print(double(21))")
+    repl.expect_exact("42")
+    repl.expect_exact(PROMPT)
+    quit_repl(repl)
+
+
+@pytest.mark.parametrize("repl", ["kernel"], indirect=True)
+def test_magics_bang_lines_and_saved_files(repl: pexpect.spawn) -> None:
+    run(repl, "!echo bang-$((40 + 2))")
+    repl.expect_exact("bang-42")
+    repl.expect_exact(PROMPT)
+    run(repl, "%time y = 1")
+    repl.expect_exact("Wall time")
+    repl.expect_exact(PROMPT)
+    run(repl, "open('made.txt', 'w').write('x')")
+    repl.expect_exact("saved: made.txt")
+    repl.expect_exact(PROMPT)
+    quit_repl(repl)
+
+
+def test_history_persists_across_sessions(tmp_path: Path) -> None:
+    history = tmp_path / "history"
+    first = spawn("command", tmp_path / "one", history)
+    run(first, "print('from the first session', 7 * 6)")
+    first.expect_exact("42")
+    first.expect_exact(PROMPT)
+    quit_repl(first)
+    assert "from the first session" in history.read_text()
+    second = spawn("command", tmp_path / "two", history)
+    second.send("\x1b[A")  # Up: the last block comes back
+    second.send("\r")
+    second.expect_exact("from the first session 42")
+    second.expect_exact(PROMPT)
+    quit_repl(second)
