@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Mapping
@@ -40,7 +41,116 @@ from ._docker import (
 from .base import KernelBackend, KernelClientLike
 
 RUNTIME = "/run/kernelexec"
+#: the unix socket (in the runtime folder) of the in-kernel reaper (see ``_LAUNCHER``)
+REAPER_SOCKET = "reaper"
+#: the launcher's exit status when the runtime folder's mount is empty (a wrong host path)
+EXIT_MOUNT_EMPTY = 3
 _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+# The kernel container's main command (under tini). Before handing over to ipykernel it
+#  * checks that the runtime folder's mount holds the connection file: an empty mount means the
+#    host path given to the engine is not the folder we wrote (Docker out of Docker without
+#    ``bind_dir``), and a clear exit beats a kernel that never answers;
+#  * replaces ipykernel's fd-capture thread with one that decodes incrementally with
+#    ``errors="replace"``: ipykernel < 6.2x decodes each raw read strictly, so one non-UTF-8 byte
+#    written to fd 1 killed the thread, the pipe filled up and every later write to fd 1 blocked.
+#    The bytes are not echoed to the container's own stdout (the engine's log) either;
+#  * starts the reaper, a thread listening on a unix socket in the runtime folder. ``mark`` (sent
+#    just before each block) notes the processes alive then (pid and start time); ``reap`` kills
+#    (SIGSTOP, then SIGKILL, until none is left) every process not marked, except PID 1 and the
+#    kernel. It needs no new process, so it still works when a fork bomb has used up the pids
+#    limit.
+_LAUNCHER = r"""
+import codecs, os, signal, socket, sys, threading, time
+runtime = sys.argv[1]
+if not os.path.isfile(os.path.join(runtime, "kernel.json")):
+    sys.stderr.write("kernelexec: the runtime folder mounted at %s is empty\n" % runtime)
+    sys.exit(@MOUNT_EMPTY@)
+
+from ipykernel import iostream
+
+def _watch_pipe_fd(self):
+    if getattr(self, "_fid", None) is None:
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        data = os.read(self._fid, 65536)
+        while data and self._should_watch:
+            text = decoder.decode(data)
+            if text:
+                self.write(text)
+            data = os.read(self._fid, 65536)
+    except Exception:
+        self._exc = sys.exc_info()
+
+if hasattr(iostream.OutStream, "_watch_pipe_fd"):
+    iostream.OutStream._watch_pipe_fd = _watch_pipe_fd
+
+def _processes():
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] != b"Z":
+            found.add((int(name), fields[19]))
+    return found
+
+marked = set()
+
+def _reap():
+    spare = {1, os.getpid()}
+    killed = set()
+    for _ in range(100):
+        pids = [pid for pid, start in _processes() - marked if pid not in spare]
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        killed.update(pids)
+        time.sleep(0.01)
+    return len(killed)
+
+def _serve(listener):
+    global marked
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            try:
+                conn.settimeout(5)
+                request = conn.recv(64).strip()
+                if request == b"mark":
+                    marked = _processes()
+                    conn.sendall(b"ok\n")
+                elif request == b"reap":
+                    conn.sendall(b"%d\n" % _reap())
+            except Exception as exc:
+                try:
+                    conn.sendall(("error %s\n" % exc).encode())
+                except OSError:
+                    pass
+
+path = os.path.join(runtime, "@REAPER@")
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+if os.path.exists(path):
+    os.unlink(path)
+listener.bind(path)
+listener.listen(4)
+threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
+
+sys.argv = ["ipykernel_launcher", "-f", os.path.join(runtime, "kernel.json")]
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+""".replace("@MOUNT_EMPTY@", str(EXIT_MOUNT_EMPTY)).replace("@REAPER@", REAPER_SOCKET)
+
 # Fixed ports inside the container (network mode only); the host side gets random ones.
 _CONTAINER_PORTS = dict(zip(_CHANNELS, range(50001, 50006), strict=True))
 
@@ -61,7 +171,7 @@ class DockerKernel(KernelBackend):
     ) -> None:
         self._docker = ContainerHandle(merge_options(options, image, overrides), kind=self.kind)
         self.session = self._docker.session
-        self._client: AsyncKernelClient | None = None
+        self._client: _BlockClient | None = None
         self._runtime: Path | None = None
         self._env: dict[str, str] = {}
         self._death: str | None = None
@@ -100,9 +210,19 @@ class DockerKernel(KernelBackend):
         await self._launch(timeout)
 
     async def interrupt(self) -> None:
+        """SIGINT to the kernel, then kill every process the running block started.
+
+        A ``%%bash`` block's background jobs, a fork bomb, a server a block started and never
+        waited for: none of them stop for the kernel's ``KeyboardInterrupt``. What earlier
+        blocks started is left alone (the reaper spares what was running when the block began).
+        """
         container = self._docker.container
-        if container is not None:
-            await self._docker.call("interrupting", container.kill, signal="SIGINT")
+        if container is None:
+            return
+        await self._docker.call("interrupting", container.kill, signal="SIGINT")
+        client = self._client
+        if client is not None and client.reaper is not None and client.block_marked:
+            await asyncio.to_thread(_ask_reaper, client.reaper, "reap", 10.0)
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop_kernel()
@@ -142,7 +262,8 @@ class DockerKernel(KernelBackend):
         try:
             await self._docker.start(self._spec())
             host_info = await self._host_view(info)
-            self._client = AsyncKernelClient()
+            self._client = _BlockClient()
+            self._client.reaper = self._runtime / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
             self._client.start_channels(hb=False)
             await self._wait_ready(deadline)
@@ -178,7 +299,7 @@ class DockerKernel(KernelBackend):
             ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
             run_kwargs["ports"] = ports
         return ContainerSpec(
-            command=["python3", "-m", "ipykernel_launcher", "-f", f"{RUNTIME}/kernel.json"],
+            command=["python3", "-c", _LAUNCHER, RUNTIME],
             init=True,
             mounts={self._runtime: RUNTIME},
             environment=self._env,
@@ -229,6 +350,55 @@ class DockerKernel(KernelBackend):
         finally:
             if runtime is not None:
                 shutil.rmtree(runtime, ignore_errors=True)
+
+
+class _BlockClient(AsyncKernelClient):
+    """A kernel client that has the reaper mark the container's processes before each block.
+
+    ``block_marked`` is true from a block's execute request until its ``idle``: only then does
+    an interrupt reap.
+    """
+
+    reaper: Path | None = None
+    block_marked = False
+    _block_msg_id: str | None = None
+
+    def execute(self, *args: Any, **kwargs: Any) -> str:
+        silent = kwargs.get("silent", args[1] if len(args) > 1 else False)
+        marked = False
+        if not silent and self.reaper is not None:
+            # A unix-socket round trip to an idle kernel's thread: well under a millisecond.
+            marked = _ask_reaper(self.reaper, "mark", 1.0) == "ok"
+        msg_id: str = super().execute(*args, **kwargs)
+        if not silent:
+            self.block_marked, self._block_msg_id = marked, msg_id
+        return msg_id
+
+    async def get_iopub_msg(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msg: dict[str, Any] = await super().get_iopub_msg(*args, **kwargs)
+        if (
+            msg["msg_type"] == "status"
+            and msg["content"].get("execution_state") == "idle"
+            and msg["parent_header"].get("msg_id") == self._block_msg_id
+        ):
+            self.block_marked, self._block_msg_id = False, None
+        return msg
+
+
+def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:
+    """Send ``request`` (``mark`` or ``reap``) to the kernel container's reaper; its answer.
+
+    None when it cannot be reached (an image whose kernel was not started by ``_LAUNCHER``, a
+    kernel already gone): the interrupt alone then has to do.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(path))
+            conn.sendall(f"{request}\n".encode())
+            return conn.recv(64).decode(errors="replace").strip()
+    except OSError:
+        return None
 
 
 def _connection_info(*, network: bool) -> dict[str, Any]:

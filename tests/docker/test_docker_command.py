@@ -329,3 +329,25 @@ def test_any_unprivileged_uid_works(docker_client: docker.DockerClient, tmp_path
         )
     assert r.output == "4321 /workspace\n"
     assert (tmp_path / "mine.txt").stat().st_uid == 4321
+
+
+@pytest.mark.parametrize(
+    ("code", "lang", "name"),
+    [
+        ("import ctypes\nctypes.string_at(0)", "python", "SIGSEGV"),
+        ("kill -9 $$", "shell", "SIGKILL"),
+    ],
+)
+def test_a_block_killed_by_a_signal_names_it_as_the_local_back_end_does(
+    ex: CommandLineExecutor, code: str, lang: str, name: str
+) -> None:
+    r = run(ex, code, lang)
+    number = {"SIGSEGV": 11, "SIGKILL": 9}[name]
+    assert r.exit_code == 128 + number
+    assert f"killed by signal {name}" in r.output
+    assert r.error is not None and r.error.ename == "Killed"
+
+
+def test_an_exit_status_above_128_stays_an_exit_status(ex: CommandLineExecutor) -> None:
+    r = run(ex, "import sys; sys.exit(139)")
+    assert r.exit_code == 139 and "signal" not in r.output
