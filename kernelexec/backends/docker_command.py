@@ -25,7 +25,14 @@ from docker.utils.socket import STDERR, frames_iter
 
 from .._errors import DockerUnavailable
 from .._workdir import INTERNAL_DIR
-from ._docker import WORKSPACE, ContainerHandle, ContainerSpec, DockerOptions, merge_options
+from ._docker import (
+    WORKSPACE,
+    ContainerHandle,
+    ContainerSpec,
+    DockerOptions,
+    merge_options,
+    prepare_host_dir,
+)
 from .base import ByteSink, CommandBackend, CommandOutcome
 
 # PID 1 of the container: reaps orphans, and exits on a SIGTERM from outside the container
@@ -172,6 +179,10 @@ class DockerCommand(CommandBackend):
 
     async def start(self, work_dir: Path) -> None:
         await self._docker.prepare(work_dir)
+        # The blocks' wrapper writes its status files here, as the container user.
+        status = work_dir.joinpath(*_STATUS_DIR)
+        status.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(prepare_host_dir, status, self.options)
         if not self.fresh_container:
             await self._docker.start(self._spec())
 
@@ -185,7 +196,9 @@ class DockerCommand(CommandBackend):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
-        container = await self._container_for_block()
+        container, note = await self._container_for_block()
+        if note is not None:
+            on_stderr(f"kernelexec: {note}\n".encode())
         try:
             return await self._exec(container, argv, work_dir, env, timeout, on_stdout, on_stderr)
         finally:
@@ -198,10 +211,17 @@ class DockerCommand(CommandBackend):
             await self._docker.start(self._spec())
 
     async def close(self) -> None:
+        """Remove the container, or keep it as ``auto_remove`` / ``stop_container`` say (then
+        ``kept`` says where it is)."""
         try:
-            await self._docker.remove(best_effort=True)
+            await self._docker.release()
         finally:
             self._docker.close()
+
+    @property
+    def kept(self) -> str | None:
+        """Where the container ``close()`` kept is, in words (None: nothing was kept)."""
+        return self._docker.kept
 
     # -- internals ----------------------------------------------------------------------------
     def _memory_env(self) -> dict[str, str]:
@@ -214,18 +234,26 @@ class DockerCommand(CommandBackend):
             environment=self._memory_env(),
         )
 
-    async def _container_for_block(self) -> Any:
+    async def _container_for_block(self) -> tuple[Any, str | None]:
+        """The container to run the next block in, and a note when it had to be replaced."""
         if self.fresh_container:
-            return await self._docker.create(self._spec())
+            return await self._docker.create(self._spec()), None
         container = self._docker.container
         if container is None:
             raise DockerUnavailable("the Docker command back end is not started")
-        await self._docker.call("inspecting the container", container.reload)
-        if container.status != "running":
-            # Stopped or killed from outside (or its main process died): nothing of value
-            # lived in it, so a fresh container takes over.
-            container = await self._docker.start(self._spec())
-        return container
+        if not await self._docker.reload(container):
+            how = "was removed from outside (docker rm, or kernelexec gc)"
+        elif container.status != "running":
+            how = f"was found {container.status} (stopped or killed from outside)"
+        else:
+            return container, None
+        # Nothing of value lived in it (the work dir is a mount): a fresh container takes over.
+        old = container.short_id
+        container = await self._docker.start(self._spec())
+        return (
+            container,
+            f"the container {old} {how}; this block runs in a new one, {container.short_id}.",
+        )
 
     async def _exec(
         self,

@@ -27,7 +27,8 @@ from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from .._errors import KernelStartFailed
+from .._errors import DockerConfigError, KernelStartFailed
+from .._workdir import INTERNAL_DIR
 from ._docker import (
     LABEL_RUNTIME_DIR,
     RUNTIME_DIR_PREFIX,
@@ -232,12 +233,16 @@ class DockerKernel(KernelBackend):
         container = self._docker.container
         if container is None:
             return False
-        await self._docker.call("inspecting the kernel container", container.reload)
+        if not await self._docker.reload(container):
+            self._death = "its container was removed from outside (docker rm, or kernelexec gc)"
+            return False
         if container.status == "running":
             return True
         state = container.attrs.get("State", {})
         if state.get("OOMKilled"):
             self._death = "out of memory"
+        elif state.get("ExitCode") == EXIT_MOUNT_EMPTY:
+            self._death = "its runtime folder's mount is empty"
         else:
             self._death = f"the kernel's container exited (status {state.get('ExitCode')})"
         return False
@@ -246,16 +251,23 @@ class DockerKernel(KernelBackend):
         return self._death
 
     async def shutdown(self) -> None:
+        """Stop the kernel and remove its container, or keep it as ``auto_remove`` /
+        ``stop_container`` say (then ``kept`` says where it is, and its runtime folder stays)."""
         try:
-            await self._stop_kernel()
+            await self._stop_kernel(final=True)
         finally:
             self._docker.close()
+
+    @property
+    def kept(self) -> str | None:
+        """Where the container ``shutdown()`` kept is, in words (None: nothing was kept)."""
+        return self._docker.kept
 
     # -- internals ----------------------------------------------------------------------------
     async def _launch(self, timeout: float) -> None:
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
-        self._runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
+        self._runtime = self._make_runtime_dir()
         await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
         info = _connection_info(network=self.options.network)
         _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
@@ -270,6 +282,18 @@ class DockerKernel(KernelBackend):
         except BaseException:
             await self._stop_kernel()
             raise
+
+    def _make_runtime_dir(self) -> Path:
+        """A private folder for the connection file and the ipc sockets.
+
+        With ``bind_dir`` it goes under the work dir's ``.kernelexec/`` (so the engine finds it
+        under ``bind_dir`` as it finds the work dir); else in the temp folder.
+        """
+        parent = None
+        if self.options.bind_dir is not None and self._docker.work_dir is not None:
+            parent = self._docker.work_dir / INTERNAL_DIR
+            parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=parent))
 
     def _container_view(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.options.network:
@@ -316,6 +340,13 @@ class DockerKernel(KernelBackend):
         while (remaining := deadline - loop.time()) > 0:
             if not await self.is_alive():
                 logs = await asyncio.to_thread(self._logs)
+                if self._death == "its runtime folder's mount is empty":
+                    raise DockerConfigError(
+                        f"The kernel's container does not see its runtime folder {self._runtime} "
+                        f"(mounted from {self._docker.host_path(self._runtime or Path())} of the "
+                        "Docker host). Running kernelexec inside a container? Set bind_dir= to "
+                        "the work dir's path on the Docker host."
+                    )
                 raise KernelStartFailed(f"the kernel's container stopped while starting:\n{logs}")
             client.kernel_info()
             try:
@@ -337,18 +368,24 @@ class DockerKernel(KernelBackend):
             return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         return "(no logs)"
 
-    async def _stop_kernel(self) -> None:
+    async def _stop_kernel(self, *, final: bool = False) -> None:
+        """Drop the kernel: its container goes (a restart always replaces it; at ``shutdown``,
+        ``final``, the options may keep it) and so does its runtime folder, unless kept."""
         client, self._client = self._client, None
-        container, self._docker.container = self._docker.container, None
         runtime, self._runtime = self._runtime, None
+        kept = False
         try:
             if client is not None:
                 client.stop_channels()
-            if container is not None:
-                # Best effort: with the engine gone this fails fast (`kernelexec gc` removes it).
-                await self._docker.remove(container, best_effort=True)
+            if final and self.options.keeps_container:
+                kept = await self._docker.release() is not None
+            else:
+                container, self._docker.container = self._docker.container, None
+                if container is not None:
+                    # Best effort: with the engine gone this fails fast (`kernelexec gc`).
+                    await self._docker.remove(container, best_effort=True)
         finally:
-            if runtime is not None:
+            if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
 
 

@@ -169,12 +169,23 @@ def test_sigterm_to_pid_1_from_inside_is_ignored(ex: CommandLineExecutor) -> Non
     assert ex.backend.container.id == container.id  # type: ignore[attr-defined]
 
 
-def test_a_container_killed_from_outside_is_replaced(ex: CommandLineExecutor) -> None:
+@pytest.mark.parametrize("how", ["killed", "removed"])
+def test_a_container_killed_or_removed_from_outside_is_replaced_and_the_block_says_so(
+    ex: CommandLineExecutor, how: str
+) -> None:
     old = ex.backend.container  # type: ignore[attr-defined]
-    old.kill()
+    if how == "killed":
+        old.kill()
+    else:
+        old.remove(force=True)
     r = run(ex, "print('fresh container')")
-    assert r.output == "fresh container\n"
-    assert ex.backend.container.id != old.id  # type: ignore[attr-defined]
+    new = ex.backend.container  # type: ignore[attr-defined]
+    assert r.ok and r.stdout == "fresh container\n"
+    assert new.id != old.id
+    word = "exited" if how == "killed" else "removed from outside"
+    assert f"the container {old.short_id} was" in r.stderr and word in r.stderr, r.stderr
+    assert new.short_id in r.stderr
+    assert run(ex, "print('next')").output == "next\n"  # said once, not on every block
 
 
 @pytest.mark.slow
