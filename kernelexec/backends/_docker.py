@@ -472,11 +472,17 @@ class ContainerHandle:
             )
         if "bind source path does not exist" in text:
             missing = text.rsplit(":", 1)[-1].strip()
-            if self.options.bind_dir is not None:
+            bind = self.options.bind_dir
+            if bind is not None and missing == os.fspath(bind):
                 return DockerConfigError(
-                    f"bind_dir {os.fspath(self.options.bind_dir)!r} does not exist on the Docker "
-                    f"host (the engine has no {missing}); give the work dir's path on the host "
-                    f"({text})"
+                    f"bind_dir {missing!r} does not exist on the Docker host: give the work "
+                    f"dir's path on the host ({text})"
+                )
+            if bind is not None:
+                return DockerConfigError(
+                    f"bind_dir {os.fspath(bind)!r} on the Docker host is not the work dir "
+                    f"{self.work_dir} this process sees (the host has no {missing}): set "
+                    f"bind_dir= to the host path that is mounted at {self.work_dir} ({text})"
                 )
             return DockerConfigError(
                 f"The Docker host has no {missing} to mount (this process sees it, the engine "

@@ -174,6 +174,8 @@ class DockerKernel(KernelBackend):
         self.session = self._docker.session
         self._client: _BlockClient | None = None
         self._runtime: Path | None = None
+        #: a short symlink to a runtime folder whose socket paths would be too long
+        self._alias: Path | None = None
         self._env: dict[str, str] = {}
         self._death: str | None = None
 
@@ -275,7 +277,7 @@ class DockerKernel(KernelBackend):
             await self._docker.start(self._spec())
             host_info = await self._host_view(info)
             self._client = _BlockClient()
-            self._client.reaper = self._runtime / REAPER_SOCKET
+            self._client.reaper = self._sockets() / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
             self._client.start_channels(hb=False)
             await self._wait_ready(deadline)
@@ -295,6 +297,20 @@ class DockerKernel(KernelBackend):
             parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=parent))
 
+    def _sockets(self) -> Path:
+        """The runtime folder as this process names its sockets: a unix socket's path holds at
+        most 107 bytes, so a long one (a deep work dir with ``bind_dir``) goes through a short
+        symlink in the temp folder."""
+        assert self._runtime is not None
+        if len(str(self._runtime / "kernel-5")) <= 100:
+            return self._runtime
+        if self._alias is None:
+            alias = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX + "link-"))
+            alias.rmdir()
+            alias.symlink_to(self._runtime, target_is_directory=True)
+            self._alias = alias
+        return self._alias
+
     def _container_view(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.options.network:
             return {**info, "ip": "0.0.0.0", **_CONTAINER_PORTS}
@@ -304,7 +320,7 @@ class DockerKernel(KernelBackend):
         """The host's connection info: the mount's host path, or the published ports."""
         assert self._runtime is not None
         if not self.options.network:
-            return {**info, "ip": str(self._runtime / "kernel")}
+            return {**info, "ip": str(self._sockets() / "kernel")}
         container = self._docker.container
         await self._docker.call("inspecting the kernel container", container.reload)
         ports = {}
@@ -373,6 +389,7 @@ class DockerKernel(KernelBackend):
         ``final``, the options may keep it) and so does its runtime folder, unless kept."""
         client, self._client = self._client, None
         runtime, self._runtime = self._runtime, None
+        alias, self._alias = self._alias, None
         kept = False
         try:
             if client is not None:
@@ -387,6 +404,8 @@ class DockerKernel(KernelBackend):
         finally:
             if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
+            if alias is not None and not kept:
+                alias.unlink(missing_ok=True)
 
 
 class _BlockClient(AsyncKernelClient):
