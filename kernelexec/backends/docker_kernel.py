@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from .._errors import DockerConfigError, KernelStartFailed
@@ -279,7 +280,16 @@ class DockerKernel(KernelBackend):
             self._client = _BlockClient()
             self._client.reaper = self._sockets() / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
-            self._client.start_channels(hb=False)
+            try:
+                self._client.start_channels(hb=False)
+            except zmq.ZMQError as exc:
+                # A socket that failed to connect stays open in the client's own context and
+                # would hang interpreter exit (the context's term()): destroy it, lingering not.
+                self._client.context.destroy(linger=0)
+                self._client = None
+                raise KernelStartFailed(
+                    f"cannot connect to the kernel's sockets in {self._sockets()}: {exc}"
+                ) from exc
             await self._wait_ready(deadline)
         except BaseException:
             await self._stop_kernel()
@@ -393,7 +403,8 @@ class DockerKernel(KernelBackend):
         kept = False
         try:
             if client is not None:
-                client.stop_channels()
+                with contextlib.suppress(zmq.ZMQError):
+                    client.stop_channels()
             if final and self.options.keeps_container:
                 kept = await self._docker.release() is not None
             else:
