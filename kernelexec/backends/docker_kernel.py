@@ -177,6 +177,7 @@ class DockerKernel(KernelBackend):
         self._runtime: Path | None = None
         #: a short symlink to a runtime folder whose socket paths would be too long
         self._alias: Path | None = None
+        self._host_info: dict[str, Any] = {}
         self._env: dict[str, str] = {}
         self._death: str | None = None
 
@@ -277,6 +278,7 @@ class DockerKernel(KernelBackend):
         try:
             await self._docker.start(self._spec())
             host_info = await self._host_view(info)
+            self._host_info = host_info
             self._client = _BlockClient()
             self._client.reaper = self._sockets() / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
@@ -407,6 +409,16 @@ class DockerKernel(KernelBackend):
                     client.stop_channels()
             if final and self.options.keeps_container:
                 kept = await self._docker.release() is not None
+                where = self._docker.kept
+                if where is not None and ", running)" in where and runtime is not None:
+                    # Still running: leave a connection file this host can attach with.
+                    attach = runtime / "kernel-host.json"
+                    fd = os.open(attach, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        json.dump(self._host_info, f)
+                    self._docker.kept = (
+                        f"{where}; attach with `jupyter console --existing {attach}`"
+                    )
             else:
                 container, self._docker.container = self._docker.container, None
                 if container is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -15,6 +16,7 @@ from typing import Any
 
 import docker
 import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
 from kx_docker_helpers import containers_of
 
 from kernelexec import (
@@ -24,6 +26,7 @@ from kernelexec import (
     DockerKernel,
     DockerOptions,
     KernelExecutor,
+    make_executor,
 )
 from kernelexec.backends._docker import LABEL_OWNER_PID, LABEL_SESSION, gc
 
@@ -45,6 +48,21 @@ def name(docker_client: docker.DockerClient) -> Iterator[str]:
     yield chosen
     with contextlib.suppress(docker.errors.NotFound):
         docker_client.containers.get(chosen).remove(force=True)
+
+
+def test_the_registry_passes_the_options_through(tmp_path: Path) -> None:
+    for name in ("docker-command", "docker-kernel"):
+        ex = make_executor(
+            name,
+            work_dir=tmp_path,
+            bind_dir=str(tmp_path),
+            auto_remove=False,
+            stop_container=False,
+            container_name="kx-registry",
+        )
+        options: DockerOptions = ex.backend.options  # type: ignore[attr-defined]
+        assert (options.bind_dir, options.container_name) == (str(tmp_path), "kx-registry")
+        assert not options.auto_remove and not options.stop_container
 
 
 def test_options_are_validated() -> None:
@@ -116,6 +134,18 @@ def test_stop_container_false_leaves_it_running(
     assert docker_client.containers.get(name).status == "running"
     backend: Any = ex.backend
     assert backend.kept is not None and "running" in backend.kept
+    if kind == "kernel":
+        # The kernel still holds its state, and close() left a file to attach with.
+        attach = Path(backend.kept.rsplit("--existing ", 1)[1].rstrip("`"))
+        client = BlockingKernelClient()
+        client.load_connection_file(str(attach))
+        client.start_channels()
+        try:
+            reply = client.execute_interactive("print(x + 1)", timeout=30)
+        finally:
+            client.stop_channels()
+        assert reply["content"]["status"] == "ok"
+        shutil.rmtree(attach.parent, ignore_errors=True)
 
 
 def test_gc_finds_a_kept_container_once_its_owner_has_exited(
