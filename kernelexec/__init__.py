@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._command import AsyncCommandLineExecutor, CommandLineExecutor
     from ._errors import (
         BackendUnavailable,
+        DockerConfigError,
         DockerUnavailable,
         ExecutionTimeout,
         ExecutorClosed,
@@ -83,6 +84,7 @@ _LAZY: dict[str, str] = {
     "DockerCommand": ".backends.docker_command",
     "DockerKernel": ".backends.docker_kernel",
     "DockerOptions": ".backends._docker_options",
+    "DockerConfigError": "._errors",
     "DockerUnavailable": "._errors",
     "EXECUTOR_NAMES": "._registry",
     "ErrorInfo": "._types",
@@ -149,6 +151,7 @@ __all__ = [
     "CommandLineExecutor",
     "CommandOutcome",
     "DockerCommand",
+    "DockerConfigError",
     "DockerKernel",
     "DockerOptions",
     "DockerUnavailable",

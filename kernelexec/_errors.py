@@ -7,6 +7,8 @@ callers can catch broadly::
     KernelExecError
     ├── BackendUnavailable          + RuntimeError
     │   ├── DockerUnavailable           no engine answers
+    │   ├── DockerConfigError           Docker options the engine cannot honour (+ ValueError):
+    │   │                               a bind_dir missing on the host, a container_name in use
     │   ├── ImageNotFound               the kernel image is not built
     │   └── GatewayUnavailable          a remote gateway is down or failing
     │       └── GatewayAuthError            wrong or missing token
@@ -51,6 +53,11 @@ class BackendUnavailable(KernelExecError, RuntimeError):
 
 class DockerUnavailable(BackendUnavailable):
     """No Docker engine answers."""
+
+
+class DockerConfigError(BackendUnavailable, ValueError):
+    """The Docker options cannot work with this engine: a ``bind_dir`` (or work dir) the engine's
+    host does not have, a ``container_name`` already in use. The message names the option."""
 
 
 class ImageNotFound(BackendUnavailable):

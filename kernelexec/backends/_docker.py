@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -18,15 +19,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 
-from .._errors import DockerUnavailable, ImageNotFound, KernelExecError
+from .._errors import DockerConfigError, DockerUnavailable, ImageNotFound, KernelExecError
 from .._version import __version__
+from .._workdir import INTERNAL_DIR
 from ._docker_options import DEFAULT_IMAGE as DEFAULT_IMAGE
 from ._docker_options import LABEL_HOST as LABEL_HOST
 from ._docker_options import LABEL_KIND as LABEL_KIND
@@ -44,6 +47,28 @@ _HOW_TO_START = (
     "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
     "or point DOCKER_HOST at a running engine."
 )
+_HOW_TO_MOUNT = (
+    " This process runs in a container: mount the host engine's socket into it "
+    "(`docker run -v /var/run/docker.sock:/var/run/docker.sock ...`) and give the executor "
+    "bind_dir= (the work dir's path on the host)."
+)
+#: the Docker out of Docker advice, for errors about paths the engine cannot find
+_BIND_DIR_HINT = (
+    "Running kernelexec inside a container (Docker out of Docker)? The engine mounts paths of "
+    "its own host: set bind_dir= (DockerOptions) to the work dir's path on the Docker host."
+)
+
+log = logging.getLogger("kernelexec.docker")
+
+
+def in_container() -> bool:
+    """Whether this process looks like it runs in a Docker (or Podman) container."""
+    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+
+
+def _no_engine(where: str, exc: BaseException) -> DockerUnavailable:
+    hint = _HOW_TO_MOUNT if in_container() else ""
+    return DockerUnavailable(f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}{hint}")
 
 
 def make_client(options: DockerOptions) -> docker.DockerClient:
@@ -57,16 +82,12 @@ def make_client(options: DockerOptions) -> docker.DockerClient:
         else:
             client = docker.DockerClient.from_env(timeout=timeout)
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-        raise DockerUnavailable(
-            f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
-        ) from exc
+        raise _no_engine(where, exc) from exc
     try:
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         client.close()
-        raise DockerUnavailable(
-            f"No Docker engine answers at {where}: {exc}. {_HOW_TO_START}"
-        ) from exc
+        raise _no_engine(where, exc) from exc
     return client
 
 
@@ -250,6 +271,9 @@ class ContainerHandle:
         self.session = new_session_id()
         self.container: Any = None
         self.work_dir: Path | None = None
+        #: where the container ``close()`` kept is (``DockerOptions.auto_remove`` /
+        #: ``stop_container``), in words; None when nothing was kept
+        self.kept: str | None = None
         self._client: docker.DockerClient | None = None
 
     async def prepare(self, work_dir: Path) -> None:
@@ -291,6 +315,52 @@ class ContainerHandle:
             if not best_effort:
                 raise
 
+    async def release(self) -> str | None:
+        """At ``close()``: remove the current container, or keep it as the options say.
+
+        ``auto_remove=False`` stops it and keeps it; ``stop_container=False`` leaves it running.
+        A kept container keeps its labels (``kernelexec gc`` removes it once this process is
+        gone); where it is goes to ``kept``, the return value and the ``kernelexec.docker`` log.
+        A failing engine is no error here (as with ``remove(best_effort=True)``).
+        """
+        if not self.options.keeps_container:
+            await self.remove(best_effort=True)
+            return None
+        container, self.container = self.container, None
+        if container is None:
+            return None
+        try:
+            if self.options.stop_container:
+                await self.call("stopping the container", container.stop, timeout=5)
+            await self.call("inspecting the container", container.reload)
+        except DockerUnavailable:
+            return None
+        state = "running" if container.status == "running" else "stopped"
+        self.kept = (
+            f"container {container.name} ({container.short_id}, {state}) was kept: "
+            f"inspect it with `docker logs {container.name}` or `docker exec -it {container.name} "
+            f"bash`; remove it with `docker rm -f {container.name}` (or `kernelexec gc` once this "
+            "process has exited)"
+        )
+        log.warning("kernelexec: %s", self.kept)
+        return self.kept
+
+    def host_path(self, path: Path) -> str:
+        """Where the engine finds ``path`` (a folder this process sees): under ``bind_dir`` when
+        it is the work dir or inside it, else ``path`` itself."""
+        bind = self.options.bind_dir
+        if bind is None or self.work_dir is None:
+            return str(path)
+        try:
+            inside = path.relative_to(self.work_dir)
+        except ValueError:
+            return str(path)
+        return str(PurePosixPath(os.fspath(bind), *inside.parts))
+
+    async def reload(self, container: Any) -> bool:
+        """Refresh ``container``'s state; False when the engine no longer has it at all."""
+        return await self.call("inspecting the container", _reload, container)
+
     async def call(self, what: str, func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
         """``func(*args, **kwargs)`` in a worker thread, Docker errors translated."""
         return await asyncio.to_thread(call, what, func, *args, **kwargs)
@@ -328,25 +398,105 @@ class ContainerHandle:
         labels = labels_for(self.kind, self.session, opts, **spec.labels)
         kwargs = container_kwargs(opts, labels=labels)
         kwargs.pop("detach", None)
-        volumes = dict(kwargs.pop("volumes", None) or {})
+        # Mounts, not volumes: a bind source the engine's host lacks is an error, not a folder
+        # the engine quietly creates (and an empty work dir in the container).
+        mounts = list(kwargs.pop("mounts", None) or [])
         for host, inside in {self.work_dir: WORKSPACE, **spec.mounts}.items():
-            volumes[str(host)] = {"bind": inside, "mode": "rw"}
+            mounts.append(docker.types.Mount(inside, self.host_path(host), type="bind"))
+        if opts.container_name is not None:
+            kwargs["name"] = opts.container_name
         kwargs.update(spec.run_kwargs)
-        with translate_errors(spec.what, image=opts.image):
-            container = self._client.containers.create(
-                opts.image,
-                command=list(spec.command),
-                volumes=volumes,
-                environment=container_env(opts, spec.environment),
-                init=spec.init,
-                **kwargs,
-            )
-            try:
-                container.start()
-            except BaseException:
-                force_remove(container)
-                raise
+        marker = self._write_marker()
+        try:
+            with translate_errors(spec.what, image=opts.image):
+                try:
+                    container = self._client.containers.create(
+                        opts.image,
+                        command=list(spec.command),
+                        mounts=mounts,
+                        environment=container_env(opts, spec.environment),
+                        init=spec.init,
+                        **kwargs,
+                    )
+                except docker.errors.APIError as exc:
+                    raise self._config_error(exc) or exc from exc
+                try:
+                    container.start()
+                    self._check_mount(container, marker)
+                except BaseException:
+                    force_remove(container)
+                    raise
+        finally:
+            marker.unlink(missing_ok=True)
         return container
+
+    def _write_marker(self) -> Path:
+        """A file in the work dir the new container must see (else its mount is the wrong one)."""
+        assert self.work_dir is not None
+        folder = self.work_dir / INTERNAL_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / f"mount-check-{self.session}-{uuid.uuid4().hex[:8]}"
+        marker.write_text("kernelexec\n")
+        return marker
+
+    def _check_mount(self, container: Any, marker: Path) -> None:
+        """``DockerConfigError`` unless the container sees ``marker`` in its ``WORKSPACE``."""
+        assert self.work_dir is not None
+        try:
+            chunks, _ = container.get_archive(f"{WORKSPACE}/{INTERNAL_DIR}/{marker.name}")
+            for _ in chunks:  # drain the stream (it holds a connection)
+                pass
+            return
+        except docker.errors.NotFound:
+            pass
+        source = self.host_path(self.work_dir)
+        if self.options.bind_dir is None:
+            raise DockerConfigError(
+                f"The container does not see the work dir {self.work_dir}: the engine mounted "
+                f"{source} of its own host, which is another folder. {_BIND_DIR_HINT}"
+            )
+        raise DockerConfigError(
+            f"bind_dir {source} on the Docker host is not the work dir {self.work_dir} this "
+            "process sees (the container does not find kernelexec's files there): set bind_dir= "
+            f"to the host path that is mounted at {self.work_dir}."
+        )
+
+    def _config_error(self, exc: docker.errors.APIError) -> DockerConfigError | None:
+        """The engine's refusals that are option mistakes, in the options' words."""
+        text = str(exc.explanation or exc)
+        name = self.options.container_name
+        if exc.status_code == 409 and name is not None:
+            return DockerConfigError(
+                f"container_name {name!r} is already in use by another container: remove it "
+                f"(`docker rm -f {name}`) or choose another container_name ({text})"
+            )
+        if "bind source path does not exist" in text:
+            missing = text.rsplit(":", 1)[-1].strip()
+            bind = self.options.bind_dir
+            if bind is not None and missing == os.fspath(bind):
+                return DockerConfigError(
+                    f"bind_dir {missing!r} does not exist on the Docker host: give the work "
+                    f"dir's path on the host ({text})"
+                )
+            if bind is not None:
+                return DockerConfigError(
+                    f"bind_dir {os.fspath(bind)!r} on the Docker host is not the work dir "
+                    f"{self.work_dir} this process sees (the host has no {missing}): set "
+                    f"bind_dir= to the host path that is mounted at {self.work_dir} ({text})"
+                )
+            return DockerConfigError(
+                f"The Docker host has no {missing} to mount (this process sees it, the engine "
+                f"does not). {_BIND_DIR_HINT} ({text})"
+            )
+        return None
+
+
+def _reload(container: Any) -> bool:
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return True
 
 
 def _exec_start(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
 from typing import Any
 
 DEFAULT_IMAGE = "kernelexec/python:latest"
@@ -53,6 +54,31 @@ class DockerOptions:
     base_url: str | None = None
     #: seconds an engine API call may take before it counts as a dead engine
     api_timeout: float = 30.0
+    #: the work dir's path on the engine's host, when this process sees it elsewhere (Docker out
+    #: of Docker: kernelexec in a container with the engine's socket mounted). None: the work
+    #: dir's own path. The Docker kernel's runtime folder (its ipc sockets) then goes under the
+    #: work dir's ``.kernelexec/`` too, so the engine finds it the same way.
+    bind_dir: str | os.PathLike[str] | None = None
+    #: remove the container when the executor closes; False keeps it (stopped, or running with
+    #: ``stop_container=False``) for inspection. ``kernelexec gc`` removes it once its owner exits.
+    auto_remove: bool = True
+    #: stop the container when the executor closes; False leaves it running (and kept)
+    stop_container: bool = True
+    #: the container's name (None: the engine picks one); a name already in use is an error
+    container_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.bind_dir is not None and not PurePosixPath(os.fspath(self.bind_dir)).is_absolute():
+            raise ValueError(
+                f"bind_dir must be an absolute path on the Docker host: {self.bind_dir!r}"
+            )
+        if self.container_name is not None and not self.container_name.strip():
+            raise ValueError("container_name must not be empty")
+
+    @property
+    def keeps_container(self) -> bool:
+        """Whether ``close()`` leaves the container in place (stopped or running)."""
+        return not (self.auto_remove and self.stop_container)
 
     def resolved_user(self) -> str:
         """The ``uid:gid`` containers run as."""

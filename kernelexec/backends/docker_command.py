@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,15 @@ from typing import Any
 from docker.utils.socket import STDERR, frames_iter
 
 from .._errors import DockerUnavailable
-from ._docker import WORKSPACE, ContainerHandle, ContainerSpec, DockerOptions, merge_options
+from .._workdir import INTERNAL_DIR
+from ._docker import (
+    WORKSPACE,
+    ContainerHandle,
+    ContainerSpec,
+    DockerOptions,
+    merge_options,
+    prepare_host_dir,
+)
 from .base import ByteSink, CommandBackend, CommandOutcome
 
 # PID 1 of the container: reaps orphans, and exits on a SIGTERM from outside the container
@@ -46,27 +55,63 @@ while True:
         pass
 """
 
-# Wraps every block: run it, then kill whatever it left running (kill -1 spares PID 1 and the
-# shell itself), and say so when the memory cgroup's OOM killer fired during the block.
+# Wraps every block (``python3 -I -S -c _WRAPPER STATUS_FILE argv...``): run it, then kill
+# whatever it left running (kill(-1) spares PID 1 and the wrapper itself), say so when the memory
+# cgroup's OOM killer fired during the block, and when the block was killed by a signal write the
+# signal's number to STATUS_FILE: the exec's exit status (128 + n) cannot tell that from a
+# process that exited with 128 + n, and the local back end names the signal.
 _WRAPPER = r"""
-oom() {
-  for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do
-    if [ -r "$f" ]; then
-      while read -r k v; do [ "$k" = oom_kill ] && { echo "$v"; return; }; done < "$f"
-    fi
-  done
-  echo 0
-}
-before=$(oom)
-"$@"
-status=$?
-kill -9 -1 2>/dev/null
-if [ "$status" -ge 128 ] && [ "$(oom)" != "$before" ]; then
-  echo "kernelexec: the block was killed: out of memory" \
-    "(container memory limit ${KERNELEXEC_MEMORY:-unknown})" >&2
-fi
-exit "$status"
+import os, signal, sys
+
+def oom():
+    for name in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(name) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return value.strip()
+        except OSError:
+            pass
+    return "0"
+
+status_file, argv = sys.argv[1], sys.argv[2:]
+before = oom()
+pid = os.fork()
+if pid == 0:
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write("%s: %s\n" % (argv[0], exc.strerror))
+    os._exit(127)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+status = os.waitpid(pid, 0)[1]
+try:
+    os.kill(-1, signal.SIGKILL)
+except OSError:
+    pass
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    try:
+        os.makedirs(os.path.dirname(status_file), exist_ok=True)
+        with open(status_file, "w") as f:
+            f.write(str(-code))
+    except OSError:
+        pass
+    code = 128 - code
+if code >= 128 and oom() != before:
+    sys.stderr.write(
+        "kernelexec: the block was killed: out of memory (container memory limit %s)\n"
+        % os.environ.get("KERNELEXEC_MEMORY", "unknown")
+    )
+    sys.stderr.flush()
+os._exit(code)
 """
+#: where (under the work dir) a block's wrapper notes the signal that killed it: the host reads
+#: the file itself (``docker cp`` cannot see the container's tmpfs)
+_STATUS_DIR = (INTERNAL_DIR, "status")
 
 # Run after a timeout: TERM, a short grace, then KILL until nothing but PID 1 (and us) is left.
 _REAPER = """
@@ -134,6 +179,10 @@ class DockerCommand(CommandBackend):
 
     async def start(self, work_dir: Path) -> None:
         await self._docker.prepare(work_dir)
+        # The blocks' wrapper writes its status files here, as the container user.
+        status = work_dir.joinpath(*_STATUS_DIR)
+        status.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(prepare_host_dir, status, self.options)
         if not self.fresh_container:
             await self._docker.start(self._spec())
 
@@ -147,9 +196,11 @@ class DockerCommand(CommandBackend):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
-        container = await self._container_for_block()
+        container, note = await self._container_for_block()
+        if note is not None:
+            on_stderr(f"kernelexec: {note}\n".encode())
         try:
-            return await self._exec(container, argv, env, timeout, on_stdout, on_stderr)
+            return await self._exec(container, argv, work_dir, env, timeout, on_stdout, on_stderr)
         finally:
             if self.fresh_container:
                 await self._docker.remove(container)
@@ -160,10 +211,17 @@ class DockerCommand(CommandBackend):
             await self._docker.start(self._spec())
 
     async def close(self) -> None:
+        """Remove the container, or keep it as ``auto_remove`` / ``stop_container`` say (then
+        ``kept`` says where it is)."""
         try:
-            await self._docker.remove(best_effort=True)
+            await self._docker.release()
         finally:
             self._docker.close()
+
+    @property
+    def kept(self) -> str | None:
+        """Where the container ``close()`` kept is, in words (None: nothing was kept)."""
+        return self._docker.kept
 
     # -- internals ----------------------------------------------------------------------------
     def _memory_env(self) -> dict[str, str]:
@@ -176,30 +234,40 @@ class DockerCommand(CommandBackend):
             environment=self._memory_env(),
         )
 
-    async def _container_for_block(self) -> Any:
+    async def _container_for_block(self) -> tuple[Any, str | None]:
+        """The container to run the next block in, and a note when it had to be replaced."""
         if self.fresh_container:
-            return await self._docker.create(self._spec())
+            return await self._docker.create(self._spec()), None
         container = self._docker.container
         if container is None:
             raise DockerUnavailable("the Docker command back end is not started")
-        await self._docker.call("inspecting the container", container.reload)
-        if container.status != "running":
-            # Stopped or killed from outside (or its main process died): nothing of value
-            # lived in it, so a fresh container takes over.
-            container = await self._docker.start(self._spec())
-        return container
+        if not await self._docker.reload(container):
+            how = "was removed from outside (docker rm, or kernelexec gc)"
+        elif container.status != "running":
+            how = f"was found {container.status} (stopped or killed from outside)"
+        else:
+            return container, None
+        # Nothing of value lived in it (the work dir is a mount): a fresh container takes over.
+        old = container.short_id
+        container = await self._docker.start(self._spec())
+        return (
+            container,
+            f"the container {old} {how}; this block runs in a new one, {container.short_id}.",
+        )
 
     async def _exec(
         self,
         container: Any,
         argv: Sequence[str],
+        work_dir: Path,
         env: Mapping[str, str],
         timeout: float,
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
         # The executor hands over only its own variables (inherits_host_env is False).
-        wrapped = ["sh", "-c", _WRAPPER, "kernelexec-block", *argv]
+        status = Path(*_STATUS_DIR, f"signal-{uuid.uuid4().hex[:12]}")
+        wrapped = ["python3", "-I", "-S", "-c", _WRAPPER, f"{WORKSPACE}/{status}", *argv]
         exec_id, sock = await self._docker.exec_stream(
             container, wrapped, {**env, **self._memory_env()}
         )
@@ -228,7 +296,10 @@ class DockerCommand(CommandBackend):
             # The reader thread ends once the socket is shut; its frames are delivered by then.
             await asyncio.gather(reader, return_exceptions=True)
         sinks.raise_error()
-        return CommandOutcome(exit_code=await self._docker.exec_exit_code(exec_id))
+        code = await self._docker.exec_exit_code(exec_id)
+        if 128 < code <= 128 + 64 and _read_signal(work_dir / status) == code - 128:
+            code = 128 - code  # as the local back end: a negative exit code names a signal
+        return CommandOutcome(exit_code=code)
 
     async def _reap(self, container: Any) -> None:
         """Kill every process the block left in the container; replace it if that fails."""
@@ -267,6 +338,17 @@ def _pump(sock: Any, loop: asyncio.AbstractEventLoop, sinks: _Sinks) -> None:
     """Read exec frames (in a worker thread) and hand each to the event loop as it arrives."""
     for stream, data in frames_iter(sock, tty=False):  # type: ignore[no-untyped-call]
         loop.call_soon_threadsafe(sinks.deliver, stream, data)
+
+
+def _read_signal(path: Path) -> int | None:
+    """The signal number a block's wrapper wrote (and remove the file), or None."""
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return int(text) if text.strip().isdigit() else None
 
 
 def _shutdown(sock: Any) -> None:

@@ -18,15 +18,18 @@ import json
 import os
 import queue
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from .._errors import DockerUnavailable, KernelStartFailed
+from .._errors import DockerConfigError, KernelStartFailed
+from .._workdir import INTERNAL_DIR
 from ._docker import (
     LABEL_RUNTIME_DIR,
     RUNTIME_DIR_PREFIX,
@@ -37,10 +40,120 @@ from ._docker import (
     merge_options,
     prepare_host_dir,
 )
+from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 
 RUNTIME = "/run/kernelexec"
+#: the unix socket (in the runtime folder) of the in-kernel reaper (see ``_LAUNCHER``)
+REAPER_SOCKET = "reaper"
+#: the launcher's exit status when the runtime folder's mount is empty (a wrong host path)
+EXIT_MOUNT_EMPTY = 3
 _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+# The kernel container's main command (under tini). Before handing over to ipykernel it
+#  * checks that the runtime folder's mount holds the connection file: an empty mount means the
+#    host path given to the engine is not the folder we wrote (Docker out of Docker without
+#    ``bind_dir``), and a clear exit beats a kernel that never answers;
+#  * replaces ipykernel's fd-capture thread with one that decodes incrementally with
+#    ``errors="replace"``: ipykernel < 6.2x decodes each raw read strictly, so one non-UTF-8 byte
+#    written to fd 1 killed the thread, the pipe filled up and every later write to fd 1 blocked.
+#    The bytes are not echoed to the container's own stdout (the engine's log) either;
+#  * starts the reaper, a thread listening on a unix socket in the runtime folder. ``mark`` (sent
+#    just before each block) notes the processes alive then (pid and start time); ``reap`` kills
+#    (SIGSTOP, then SIGKILL, until none is left) every process not marked, except PID 1 and the
+#    kernel. It needs no new process, so it still works when a fork bomb has used up the pids
+#    limit.
+_LAUNCHER = r"""
+import codecs, os, signal, socket, sys, threading, time
+runtime = sys.argv[1]
+if not os.path.isfile(os.path.join(runtime, "kernel.json")):
+    sys.stderr.write("kernelexec: the runtime folder mounted at %s is empty\n" % runtime)
+    sys.exit(@MOUNT_EMPTY@)
+
+from ipykernel import iostream
+
+def _watch_pipe_fd(self):
+    if getattr(self, "_fid", None) is None:
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        data = os.read(self._fid, 65536)
+        while data and self._should_watch:
+            text = decoder.decode(data)
+            if text:
+                self.write(text)
+            data = os.read(self._fid, 65536)
+    except Exception:
+        self._exc = sys.exc_info()
+
+if hasattr(iostream.OutStream, "_watch_pipe_fd"):
+    iostream.OutStream._watch_pipe_fd = _watch_pipe_fd
+
+def _processes():
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] != b"Z":
+            found.add((int(name), fields[19]))
+    return found
+
+marked = set()
+
+def _reap():
+    spare = {1, os.getpid()}
+    killed = set()
+    for _ in range(100):
+        pids = [pid for pid, start in _processes() - marked if pid not in spare]
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        killed.update(pids)
+        time.sleep(0.01)
+    return len(killed)
+
+def _serve(listener):
+    global marked
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            try:
+                conn.settimeout(5)
+                request = conn.recv(64).strip()
+                if request == b"mark":
+                    marked = _processes()
+                    conn.sendall(b"ok\n")
+                elif request == b"reap":
+                    conn.sendall(b"%d\n" % _reap())
+            except Exception as exc:
+                try:
+                    conn.sendall(("error %s\n" % exc).encode())
+                except OSError:
+                    pass
+
+path = os.path.join(runtime, "@REAPER@")
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+if os.path.exists(path):
+    os.unlink(path)
+listener.bind(path)
+listener.listen(4)
+threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
+
+sys.argv = ["ipykernel_launcher", "-f", os.path.join(runtime, "kernel.json")]
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+""".replace("@MOUNT_EMPTY@", str(EXIT_MOUNT_EMPTY)).replace("@REAPER@", REAPER_SOCKET)
+
 # Fixed ports inside the container (network mode only); the host side gets random ones.
 _CONTAINER_PORTS = dict(zip(_CHANNELS, range(50001, 50006), strict=True))
 
@@ -61,8 +174,11 @@ class DockerKernel(KernelBackend):
     ) -> None:
         self._docker = ContainerHandle(merge_options(options, image, overrides), kind=self.kind)
         self.session = self._docker.session
-        self._client: AsyncKernelClient | None = None
+        self._client: _BlockClient | None = None
         self._runtime: Path | None = None
+        #: a short symlink to a runtime folder whose socket paths would be too long
+        self._alias: Path | None = None
+        self._host_info: dict[str, Any] = {}
         self._env: dict[str, str] = {}
         self._death: str | None = None
 
@@ -100,14 +216,19 @@ class DockerKernel(KernelBackend):
         await self._launch(timeout)
 
     async def interrupt(self) -> None:
+        """SIGINT to the kernel, then kill every process the running block started.
+
+        A ``%%bash`` block's background jobs, a fork bomb, a server a block started and never
+        waited for: none of them stop for the kernel's ``KeyboardInterrupt``. What earlier
+        blocks started is left alone (the reaper spares what was running when the block began).
+        """
         container = self._docker.container
-        if container is not None:
-            await self._docker.call("interrupting", container.kill, signal="SIGINT")
-            # As a local kernel's interrupt reaches its whole process group, the block's child
-            # processes (a %%bash script and its commands) get SIGINT too: kill -1 reaches
-            # every process of the container's user but the kernel (PID 1) and itself.
-            with contextlib.suppress(DockerUnavailable):
-                await self._docker.exec_quiet(container, "kill -INT -1 2>/dev/null; true")
+        if container is None:
+            return
+        await self._docker.call("interrupting", container.kill, signal="SIGINT")
+        client = self._client
+        if client is not None and client.reaper is not None and client.block_marked:
+            await asyncio.to_thread(_ask_reaper, client.reaper, "reap", 10.0)
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop_kernel()
@@ -117,12 +238,16 @@ class DockerKernel(KernelBackend):
         container = self._docker.container
         if container is None:
             return False
-        await self._docker.call("inspecting the kernel container", container.reload)
+        if not await self._docker.reload(container):
+            self._death = "its container was removed from outside (docker rm, or kernelexec gc)"
+            return False
         if container.status == "running":
             return True
         state = container.attrs.get("State", {})
         if state.get("OOMKilled"):
             self._death = "out of memory"
+        elif state.get("ExitCode") == EXIT_MOUNT_EMPTY:
+            self._death = "its runtime folder's mount is empty"
         else:
             self._death = f"the kernel's container exited (status {state.get('ExitCode')})"
         return False
@@ -131,29 +256,73 @@ class DockerKernel(KernelBackend):
         return self._death
 
     async def shutdown(self) -> None:
+        """Stop the kernel and remove its container, or keep it as ``auto_remove`` /
+        ``stop_container`` say (then ``kept`` says where it is, and its runtime folder stays)."""
         try:
-            await self._stop_kernel()
+            await self._stop_kernel(final=True)
         finally:
             self._docker.close()
+
+    @property
+    def kept(self) -> str | None:
+        """Where the container ``shutdown()`` kept is, in words (None: nothing was kept)."""
+        return self._docker.kept
 
     # -- internals ----------------------------------------------------------------------------
     async def _launch(self, timeout: float) -> None:
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
-        self._runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
+        self._runtime = self._make_runtime_dir()
         await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
         info = _connection_info(network=self.options.network)
         _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
         try:
             await self._docker.start(self._spec())
             host_info = await self._host_view(info)
-            self._client = AsyncKernelClient()
+            self._host_info = host_info
+            self._client = _BlockClient()
+            self._client.reaper = self._sockets() / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
-            self._client.start_channels(hb=False)
+            try:
+                start_channels(self._client)  # bounded receive queue: see _ready
+            except zmq.ZMQError as exc:
+                # A socket that failed to connect stays open in the client's own context and
+                # would hang interpreter exit (the context's term()): destroy it, lingering not.
+                self._client.context.destroy(linger=0)
+                self._client = None
+                raise KernelStartFailed(
+                    f"cannot connect to the kernel's sockets in {self._sockets()}: {exc}"
+                ) from exc
             await self._wait_ready(deadline)
         except BaseException:
             await self._stop_kernel()
             raise
+
+    def _make_runtime_dir(self) -> Path:
+        """A private folder for the connection file and the ipc sockets.
+
+        With ``bind_dir`` it goes under the work dir's ``.kernelexec/`` (so the engine finds it
+        under ``bind_dir`` as it finds the work dir); else in the temp folder.
+        """
+        parent = None
+        if self.options.bind_dir is not None and self._docker.work_dir is not None:
+            parent = self._docker.work_dir / INTERNAL_DIR
+            parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=parent))
+
+    def _sockets(self) -> Path:
+        """The runtime folder as this process names its sockets: a unix socket's path holds at
+        most 107 bytes, so a long one (a deep work dir with ``bind_dir``) goes through a short
+        symlink in the temp folder."""
+        assert self._runtime is not None
+        if len(str(self._runtime / "kernel-5")) <= 100:
+            return self._runtime
+        if self._alias is None:
+            alias = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX + "link-"))
+            alias.rmdir()
+            alias.symlink_to(self._runtime, target_is_directory=True)
+            self._alias = alias
+        return self._alias
 
     def _container_view(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.options.network:
@@ -164,7 +333,7 @@ class DockerKernel(KernelBackend):
         """The host's connection info: the mount's host path, or the published ports."""
         assert self._runtime is not None
         if not self.options.network:
-            return {**info, "ip": str(self._runtime / "kernel")}
+            return {**info, "ip": str(self._sockets() / "kernel")}
         container = self._docker.container
         await self._docker.call("inspecting the kernel container", container.reload)
         ports = {}
@@ -183,7 +352,7 @@ class DockerKernel(KernelBackend):
             ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
             run_kwargs["ports"] = ports
         return ContainerSpec(
-            command=["python3", "-m", "ipykernel_launcher", "-f", f"{RUNTIME}/kernel.json"],
+            command=["python3", "-c", _LAUNCHER, RUNTIME],
             init=True,
             mounts={self._runtime: RUNTIME},
             environment=self._env,
@@ -200,6 +369,13 @@ class DockerKernel(KernelBackend):
         while (remaining := deadline - loop.time()) > 0:
             if not await self.is_alive():
                 logs = await asyncio.to_thread(self._logs)
+                if self._death == "its runtime folder's mount is empty":
+                    raise DockerConfigError(
+                        f"The kernel's container does not see its runtime folder {self._runtime} "
+                        f"(mounted from {self._docker.host_path(self._runtime or Path())} of the "
+                        "Docker host). Running kernelexec inside a container? Set bind_dir= to "
+                        "the work dir's path on the Docker host."
+                    )
                 raise KernelStartFailed(f"the kernel's container stopped while starting:\n{logs}")
             client.kernel_info()
             try:
@@ -221,19 +397,88 @@ class DockerKernel(KernelBackend):
             return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         return "(no logs)"
 
-    async def _stop_kernel(self) -> None:
+    async def _stop_kernel(self, *, final: bool = False) -> None:
+        """Drop the kernel: its container goes (a restart always replaces it; at ``shutdown``,
+        ``final``, the options may keep it) and so does its runtime folder, unless kept."""
         client, self._client = self._client, None
-        container, self._docker.container = self._docker.container, None
         runtime, self._runtime = self._runtime, None
+        alias, self._alias = self._alias, None
+        kept = False
         try:
             if client is not None:
-                client.stop_channels()
-            if container is not None:
-                # Best effort: with the engine gone this fails fast (`kernelexec gc` removes it).
-                await self._docker.remove(container, best_effort=True)
+                with contextlib.suppress(zmq.ZMQError):
+                    client.stop_channels()
+            if final and self.options.keeps_container:
+                kept = await self._docker.release() is not None
+                where = self._docker.kept
+                if where is not None and ", running)" in where and runtime is not None:
+                    # Still running: leave a connection file this host can attach with.
+                    attach = runtime / "kernel-host.json"
+                    fd = os.open(attach, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        json.dump(self._host_info, f)
+                    self._docker.kept = (
+                        f"{where}; attach with `jupyter console --existing {attach}`"
+                    )
+            else:
+                container, self._docker.container = self._docker.container, None
+                if container is not None:
+                    # Best effort: with the engine gone this fails fast (`kernelexec gc`).
+                    await self._docker.remove(container, best_effort=True)
         finally:
-            if runtime is not None:
+            if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
+            if alias is not None and not kept:
+                alias.unlink(missing_ok=True)
+
+
+class _BlockClient(AsyncKernelClient):
+    """A kernel client that has the reaper mark the container's processes before each block.
+
+    ``block_marked`` is true from a block's execute request until its ``idle``: only then does
+    an interrupt reap.
+    """
+
+    reaper: Path | None = None
+    block_marked = False
+    _block_msg_id: str | None = None
+
+    def execute(self, *args: Any, **kwargs: Any) -> str:
+        silent = kwargs.get("silent", args[1] if len(args) > 1 else False)
+        marked = False
+        if not silent and self.reaper is not None:
+            # A unix-socket round trip to an idle kernel's thread: well under a millisecond.
+            marked = _ask_reaper(self.reaper, "mark", 1.0) == "ok"
+        msg_id: str = super().execute(*args, **kwargs)
+        if not silent:
+            self.block_marked, self._block_msg_id = marked, msg_id
+        return msg_id
+
+    async def get_iopub_msg(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msg: dict[str, Any] = await super().get_iopub_msg(*args, **kwargs)
+        if (
+            msg["msg_type"] == "status"
+            and msg["content"].get("execution_state") == "idle"
+            and msg["parent_header"].get("msg_id") == self._block_msg_id
+        ):
+            self.block_marked, self._block_msg_id = False, None
+        return msg
+
+
+def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:
+    """Send ``request`` (``mark`` or ``reap``) to the kernel container's reaper; its answer.
+
+    None when it cannot be reached (an image whose kernel was not started by ``_LAUNCHER``, a
+    kernel already gone): the interrupt alone then has to do.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(path))
+            conn.sendall(f"{request}\n".encode())
+            return conn.recv(64).decode(errors="replace").strip()
+    except OSError:
+        return None
 
 
 def _connection_info(*, network: bool) -> dict[str, Any]:

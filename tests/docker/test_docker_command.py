@@ -169,12 +169,23 @@ def test_sigterm_to_pid_1_from_inside_is_ignored(ex: CommandLineExecutor) -> Non
     assert ex.backend.container.id == container.id  # type: ignore[attr-defined]
 
 
-def test_a_container_killed_from_outside_is_replaced(ex: CommandLineExecutor) -> None:
+@pytest.mark.parametrize("how", ["killed", "removed"])
+def test_a_container_killed_or_removed_from_outside_is_replaced_and_the_block_says_so(
+    ex: CommandLineExecutor, how: str
+) -> None:
     old = ex.backend.container  # type: ignore[attr-defined]
-    old.kill()
+    if how == "killed":
+        old.kill()
+    else:
+        old.remove(force=True)
     r = run(ex, "print('fresh container')")
-    assert r.output == "fresh container\n"
-    assert ex.backend.container.id != old.id  # type: ignore[attr-defined]
+    new = ex.backend.container  # type: ignore[attr-defined]
+    assert r.ok and r.stdout == "fresh container\n"
+    assert new.id != old.id
+    word = "exited" if how == "killed" else "removed from outside"
+    assert f"the container {old.short_id} was" in r.stderr and word in r.stderr, r.stderr
+    assert new.short_id in r.stderr
+    assert run(ex, "print('next')").output == "next\n"  # said once, not on every block
 
 
 @pytest.mark.slow
@@ -329,3 +340,25 @@ def test_any_unprivileged_uid_works(docker_client: docker.DockerClient, tmp_path
         )
     assert r.output == "4321 /workspace\n"
     assert (tmp_path / "mine.txt").stat().st_uid == 4321
+
+
+@pytest.mark.parametrize(
+    ("code", "lang", "name"),
+    [
+        ("import ctypes\nctypes.string_at(0)", "python", "SIGSEGV"),
+        ("kill -9 $$", "shell", "SIGKILL"),
+    ],
+)
+def test_a_block_killed_by_a_signal_names_it_as_the_local_back_end_does(
+    ex: CommandLineExecutor, code: str, lang: str, name: str
+) -> None:
+    r = run(ex, code, lang)
+    number = {"SIGSEGV": 11, "SIGKILL": 9}[name]
+    assert r.exit_code == 128 + number
+    assert f"killed by signal {name}" in r.output
+    assert r.error is not None and r.error.ename == "Killed"
+
+
+def test_an_exit_status_above_128_stays_an_exit_status(ex: CommandLineExecutor) -> None:
+    r = run(ex, "import sys; sys.exit(139)")
+    assert r.exit_code == 139 and "signal" not in r.output

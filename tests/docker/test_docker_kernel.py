@@ -342,3 +342,41 @@ def test_kernel_as_any_unprivileged_uid(docker_client: docker.DockerClient, tmp_
         r = ex.execute("open('k.txt', 'w').write('x'); print(n)")
     assert r.output == "4321\n"
     assert (tmp_path / "k.txt").stat().st_uid == 4321
+
+
+def test_non_utf8_bytes_to_fd_1_keep_the_session(dex: KernelExecutor) -> None:
+    started = time.perf_counter()
+    r = dex.execute("import os\nos.write(1, b'\\xff' * 100000)", timeout=20)
+    assert time.perf_counter() - started < 15
+    assert r.ok and not r.timed_out, r.output
+    assert "\ufffd" in r.stdout
+    # A character split across two reads of the captured fd is decoded whole.
+    r = dex.execute("import os\nos.write(1, b'x' + 'é'.encode() * 5000 + b'\\n')", timeout=20)
+    assert r.ok and "\ufffd" not in r.stdout and "é" * 100 in r.stdout
+    r = dex.execute("import os\n_ = os.write(1, b'fd-ok\\n')", timeout=20)
+    assert r.ok and r.output == "fd-ok\n"
+
+
+def test_a_timed_out_fork_bomb_is_killed_and_the_state_kept(dex: KernelExecutor) -> None:
+    dex.execute("import subprocess\nkeeper = subprocess.Popen(['sleep', '300'])")
+    dex.execute("bomb_state = 'kept'")
+    r = dex.execute(":(){ :|:& };:", "shell", timeout=5)
+    assert r.timed_out and not r.state_lost
+    after = dex.execute("echo alive", "shell")
+    assert after.ok and after.output == "alive\n", after.output
+    assert dex.execute("print(bomb_state)").output == "kept\n"
+    left = processes(docker_backend(dex).container)
+    assert not any("bash" in p for p in left), left
+    # What an earlier block started is not the timed-out block's to kill.
+    assert any("sleep 300" in p for p in left), left
+    dex.execute("keeper.kill(); keeper.wait()")
+
+
+def test_a_timed_out_block_kills_only_its_own_processes(dex: KernelExecutor) -> None:
+    dex.execute("import subprocess\nkeeper2 = subprocess.Popen(['sleep', '302'])")
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '301'])\ntime.sleep(60)"
+    r = dex.execute(code, timeout=3)
+    assert r.timed_out and not r.state_lost
+    left = processes(docker_backend(dex).container)
+    assert any("sleep 302" in p for p in left) and not any("sleep 301" in p for p in left), left
+    dex.execute("keeper2.kill(); keeper2.wait()")

@@ -17,6 +17,7 @@ EXPECTED = {
     "CommandLineExecutor",
     "CommandOutcome",
     "DockerCommand",
+    "DockerConfigError",
     "DockerKernel",
     "DockerOptions",
     "DockerUnavailable",

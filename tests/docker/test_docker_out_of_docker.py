@@ -1,0 +1,141 @@
+"""Docker out of Docker, for real: kernelexec itself runs in a container (the engine's socket
+mounted, this project and its interpreter mounted read-only: no network, nothing installed),
+sees a host folder at another path, and runs blocks in sibling containers through ``bind_dir``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+import kernelexec
+from kernelexec.backends._docker import DEFAULT_IMAGE, LABEL_HOST
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+PROJECT = Path(kernelexec.__file__).resolve().parents[1]
+INSIDE = "/data"  # where the application container sees the host folder
+
+APP = r"""
+import json, os, sys
+from kernelexec import (
+    CommandLineExecutor, DockerCommand, DockerConfigError, DockerKernel, KernelExecutor,
+)
+host = sys.argv[1]
+report = {}
+with KernelExecutor(backend=DockerKernel(bind_dir=host), work_dir="/data", timeout=60) as k:
+    k.execute("x = 41")
+    r = k.execute(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 3, 2]); plt.savefig('plot.png'); plt.show()\n"
+        "print(x + 1)"
+    )
+    report["kernel"] = {"ok": r.ok, "output": r.output, "files": [str(f) for f in r.files]}
+with CommandLineExecutor(backend=DockerCommand(bind_dir=host), work_dir="/data") as c:
+    r = c.execute("head -c 4 plot.png | od -An -c | tr -d ' '; echo made > cmd.txt", "shell")
+    report["command"] = {"ok": r.ok, "output": r.output}
+report["app_sees"] = sorted(os.listdir("/data"))
+for kind, make in (("kernel", DockerKernel), ("command", DockerCommand)):
+    executor = KernelExecutor if kind == "kernel" else CommandLineExecutor
+    ex = executor(backend=make(), work_dir="/data/nobind")
+    try:
+        ex.start()
+        report["no_bind_" + kind] = "started"
+    except DockerConfigError as exc:
+        report["no_bind_" + kind] = str(exc)
+    finally:
+        ex.close()
+print(json.dumps(report))
+"""
+
+NO_SOCKET = r"""
+from kernelexec import CommandLineExecutor, DockerCommand, DockerUnavailable
+ex = CommandLineExecutor(backend=DockerCommand(), work_dir="/tmp/w")
+try:
+    ex.start()
+except DockerUnavailable as exc:
+    print(exc)
+finally:
+    ex.close()
+"""
+
+
+def _python_mounts() -> dict[str, dict[str, str]]:
+    prefixes = {sys.prefix, sys.base_prefix}
+    if any(p in ("/usr", "/usr/local") or p.startswith("/usr/") for p in prefixes):
+        pytest.skip("the test interpreter lives in /usr: it cannot be mounted into a container")
+    return {p: {"bind": p, "mode": "ro"} for p in prefixes}
+
+
+def run_app(
+    client: docker.DockerClient,
+    code: str,
+    args: list[str],
+    volumes: Mapping[str, Mapping[str, str]],
+) -> tuple[str, Any]:
+    """Run ``code`` with this interpreter and this project in a fresh container; its stdout."""
+    container = client.containers.run(
+        DEFAULT_IMAGE,
+        [sys.executable, "-c", code, *args],
+        volumes={
+            **_python_mounts(),
+            str(PROJECT): {"bind": "/src", "mode": "ro"},
+            **volumes,
+        },
+        environment={"PYTHONPATH": "/src", "HOME": "/tmp"},
+        user="0:0",
+        network_mode="none",
+        working_dir="/tmp",
+        detach=True,
+    )
+    try:
+        status = container.wait(timeout=120)
+        out = container.logs(stdout=True, stderr=False).decode()
+        err = container.logs(stdout=False, stderr=True).decode()
+        assert status["StatusCode"] == 0, err
+        return out, container
+    finally:
+        container.remove(force=True)
+
+
+def test_kernelexec_in_a_container_runs_blocks_in_sibling_containers_through_bind_dir(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    socket = {"/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"}}
+    out, app = run_app(
+        docker_client, APP, [str(shared)], {**socket, str(shared): {"bind": INSIDE, "mode": "rw"}}
+    )
+    report = json.loads(out.strip().splitlines()[-1])
+    kernel, command = report["kernel"], report["command"]
+    # The sibling kernel kept its state, and its plot is where the host and the app see it.
+    assert kernel["ok"] and kernel["output"].strip().endswith("42"), kernel
+    assert any(f.startswith(INSIDE) and f.endswith(".png") for f in kernel["files"]), kernel
+    assert (shared / "plot.png").read_bytes().startswith(b"\x89PNG")
+    # The sibling command container saw the same folder: the kernel's plot, its own file.
+    assert command["ok"] and "PNG" in command["output"], command
+    assert (shared / "cmd.txt").read_text() == "made\n"
+    assert {"plot.png", "cmd.txt"} <= set(report["app_sees"])
+    # Without bind_dir: a clear error that names the option, not a hang or an empty mount.
+    for kind in ("kernel", "command"):
+        message = report[f"no_bind_{kind}"]
+        assert "bind_dir=" in message and "Docker host" in message, message
+    # Nothing the application started is left behind.
+    siblings = docker_client.containers.list(
+        all=True, filters={"label": f"{LABEL_HOST}={app.id[:12]}"}
+    )
+    assert siblings == []
+
+
+def test_engine_socket_not_mounted_says_how_to_mount_it(
+    docker_client: docker.DockerClient,
+) -> None:
+    out, _ = run_app(docker_client, NO_SOCKET, [], {})
+    assert "No Docker engine answers" in out
+    assert "-v /var/run/docker.sock:/var/run/docker.sock" in out and "bind_dir" in out
