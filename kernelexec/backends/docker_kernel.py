@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import socket
 import tempfile
 import uuid
@@ -63,7 +64,7 @@ _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"
 #    kernel. It needs no new process, so it still works when a fork bomb has used up the pids
 #    limit.
 _LAUNCHER = r"""
-import codecs, os, signal, socket, sys, threading, time
+import codecs, os, select, signal, socket, sys, threading, time
 runtime = sys.argv[1]
 if not os.path.isfile(os.path.join(runtime, "kernel.json")):
     sys.stderr.write("kernelexec: the runtime folder mounted at %s is empty\n" % runtime)
@@ -79,6 +80,10 @@ def _watch_pipe_fd(self):
         data = os.read(self._fid, 65536)
         while data and self._should_watch:
             text = decoder.decode(data)
+            # An unfinished character waits only for bytes already in the pipe: bytes left over
+            # from one block must not turn up at the start of the next one's output.
+            if decoder.getstate()[0] and not select.select([self._fid], [], [], 0)[0]:
+                text += decoder.decode(b"", True)
             if text:
                 self.write(text)
             data = os.read(self._fid, 65536)
@@ -156,6 +161,16 @@ kernelapp.launch_new_instance()
 
 # Fixed ports inside the container (network mode only); the host side gets random ones.
 _CONTAINER_PORTS = dict(zip(_CHANNELS, range(50001, 50006), strict=True))
+
+
+def _exit_reason(code: Any) -> str:
+    """The container's exit status in words; 128+n is the kernel (PID 1) killed by signal n,
+    named as a local kernel's death is."""
+    if isinstance(code, int) and 128 < code < 128 + 65:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(code - 128).name
+            return f"the kernel was killed by signal {name} (its container exited, status {code})"
+    return f"the kernel's container exited (status {code})"
 
 
 class DockerKernel(KernelBackend):
@@ -249,7 +264,7 @@ class DockerKernel(KernelBackend):
         elif state.get("ExitCode") == EXIT_MOUNT_EMPTY:
             self._death = "its runtime folder's mount is empty"
         else:
-            self._death = f"the kernel's container exited (status {state.get('ExitCode')})"
+            self._death = _exit_reason(state.get("ExitCode"))
         return False
 
     def death_reason(self) -> str | None:

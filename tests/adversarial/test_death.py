@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_adversarial import ALL, DOCKER, DOCKER_COMMAND, DOCKER_KERNEL, KERNELS, SLACK, backends
+from kx_adversarial import ALL, DOCKER, KERNELS, SLACK, backends
 
 from kernelexec import make_executor
 
@@ -43,18 +43,7 @@ def test_os_exit(backend: str, ex: Any) -> None:
     assert _timed(ex, "print('usable')").output == "usable\n"
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(
-        ALL,
-        xfail={
-            DOCKER_COMMAND: "issue 13.10: docker command reports 'exit status 139'",
-            DOCKER_KERNEL: "new: docker kernel reports a segfault as 'container exited "
-            "(status 139)'",
-        },
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_segfault_names_the_signal(backend: str, ex: Any) -> None:
     ex.execute("kept = 1")
     r = _timed(ex, SEGFAULT)

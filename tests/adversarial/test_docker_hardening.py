@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_adversarial import DOCKER, DOCKER_KERNEL, KERNELS, SLACK, backends
+from kx_adversarial import DOCKER, KERNELS, SLACK, backends
 
 from kernelexec import make_executor
 
@@ -76,7 +76,7 @@ def test_kill_9_pid_1(backend: str, ex: Any) -> None:
 
 @pytest.mark.parametrize(
     "backend",
-    backends(DOCKER, xfail={DOCKER_KERNEL: "issue 13.4: fork bomb outlives its timeout"}),
+    backends(DOCKER),
     indirect=True,
 )
 def test_fork_bomb(backend: str, tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from kx_adversarial import (
     ALL,
-    DOCKER_KERNEL,
     KERNELS,
     SLACK,
     accounted_chars,
@@ -92,9 +91,7 @@ def test_a_flood_is_truncated_with_the_true_count(flood: dict[str, Any], name: s
 HOST_MEMORY = "issue 13.9: kernel host memory grows with the flood"
 
 
-@pytest.mark.parametrize(
-    "backend", backends(ALL, xfail={DOCKER_KERNEL: HOST_MEMORY}), indirect=True
-)
+@pytest.mark.parametrize("backend", backends(ALL, xfail={}), indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_a_flood_leaves_host_memory_bounded(flood: dict[str, Any], name: str) -> None:
     case = _case(flood, name)
@@ -126,7 +123,7 @@ def test_random_bytes_to_stdout(flood: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     "backend",
-    backends(ALL, xfail={DOCKER_KERNEL: "issue 13.2: non-UTF-8 on fd 1 hangs"}),
+    backends(ALL),
     indirect=True,
 )
 def test_random_bytes_to_fd_1_and_fd_1_still_works(flood: dict[str, Any]) -> None:

@@ -70,13 +70,7 @@ def test_nothing_a_kernel_started_survives_restart(
 
 @pytest.mark.parametrize(
     "backend",
-    backends(
-        ALL,
-        xfail={
-            "docker-kernel": "issue 13.4: "
-            "processes a timed-out block started keep running in the container",
-        },
-    ),
+    backends(ALL),
     indirect=True,
 )
 def test_a_timed_out_blocks_processes_die(backend: str, ex: Any, token: str) -> None:
