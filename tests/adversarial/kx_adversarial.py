@@ -58,7 +58,10 @@ def backends(names: Iterable[str] = ALL, *, xfail: Mapping[str, str] | None = No
 
 
 def pairs(
-    names: Iterable[str], values: Iterable[str], *, xfail: Mapping[tuple[str, str], str]
+    names: Iterable[str],
+    values: Iterable[str],
+    *,
+    xfail: Mapping[tuple[str, str], str] | None = None,
 ) -> list[Any]:
     """Parameters for ``parametrize(("backend", X), ..., indirect=["backend"])``: every back end
     with every value, a strict xfail on the (back end, value) pairs that hit a known defect."""
@@ -66,7 +69,7 @@ def pairs(
     for name in names:
         for value in values:
             marks = [_TIER[name]]
-            if (name, value) in xfail:
+            if xfail and (name, value) in xfail:
                 marks.append(pytest.mark.xfail(strict=True, reason=xfail[name, value]))
             params.append(pytest.param(name, value, marks=marks, id=f"{value}-{name}"))
     return params

@@ -26,12 +26,9 @@ def test_unknown_or_missing_language_is_a_result(ex: Any) -> None:
     assert ex.execute("print('usable')").output == "usable\n"
 
 
-EMPTY_SHELL = "new: an empty shell block on a kernel fails with IPython's UsageError"
-
-
 @pytest.mark.parametrize(
     ("backend", "language"),
-    pairs(ALL, ["python", "shell"], xfail={}),
+    pairs(ALL, ["python", "shell"]),
     indirect=["backend"],
 )
 def test_empty_block(ex: Any, language: str) -> None:
@@ -64,10 +61,7 @@ def test_source_that_is_not_utf8(ex: Any) -> None:
     assert ex.execute("print('usable')").output == "usable\n"
 
 
-PER_CALL = "issue 13.6: per-call timeout not validated"
-
-
-@pytest.mark.parametrize("backend", backends(ALL, xfail={}), indirect=True)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 @pytest.mark.parametrize("timeout", [0, -1, NAN], ids=["zero", "negative", "nan"])
 def test_bad_per_call_timeout_is_refused(ex: Any, timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
@@ -84,7 +78,7 @@ def test_bad_executor_timeout_is_refused(backend: str, timeout: float, tmp_path:
 
 @pytest.mark.parametrize(
     "backend",
-    backends(ALL, xfail={}),
+    backends(ALL),
     indirect=True,
 )
 def test_nan_executor_timeout_is_refused(backend: str, tmp_path: Path) -> None:
@@ -95,7 +89,7 @@ def test_nan_executor_timeout_is_refused(backend: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "backend",
-    backends(ALL, xfail={}),
+    backends(ALL),
     indirect=True,
 )
 def test_a_work_dir_that_is_a_file(backend: str, tmp_path: Path) -> None:

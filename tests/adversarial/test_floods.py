@@ -74,10 +74,9 @@ def _case(flood: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 SIZES = {"stdout-100mb": 100_000_000, "line-50mb": 50_000_001}
-CUT_TWICE = "issue 13.5: kernel output cut twice, wrong omitted count"
 
 
-@pytest.mark.parametrize("backend", backends(ALL, xfail={}), indirect=True)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_a_flood_is_truncated_with_the_true_count(flood: dict[str, Any], name: str) -> None:
     case = _case(flood, name)
@@ -88,10 +87,7 @@ def test_a_flood_is_truncated_with_the_true_count(flood: dict[str, Any], name: s
     assert len(case["output"]) < 25_000  # bounded for the LLM
 
 
-HOST_MEMORY = "issue 13.9: kernel host memory grows with the flood"
-
-
-@pytest.mark.parametrize("backend", backends(ALL, xfail={}), indirect=True)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_a_flood_leaves_host_memory_bounded(flood: dict[str, Any], name: str) -> None:
     case = _case(flood, name)
@@ -99,10 +95,7 @@ def test_a_flood_leaves_host_memory_bounded(flood: dict[str, Any], name: str) ->
     assert grew < MEMORY_BOUND_MB, f"host peak RSS grew {grew:.0f} MB during {name}"
 
 
-DROPPED = "issue 13.1: display outputs silently dropped"
-
-
-@pytest.mark.parametrize("backend", backends(KERNELS, xfail={}), indirect=True)
+@pytest.mark.parametrize("backend", backends(KERNELS), indirect=True)
 def test_ten_thousand_displays_are_kept_or_counted(flood: dict[str, Any]) -> None:
     case = _case(flood, "displays")
     assert case["exit_code"] == 0
@@ -132,9 +125,6 @@ def test_random_bytes_to_fd_1_and_fd_1_still_works(flood: dict[str, Any]) -> Non
     assert len(case["stdout"]) > 10_000  # the bytes arrived (as replacement characters)
     later = _case(flood, "later-fd1")
     assert (later["exit_code"], later["stdout"]) == (0, "later\n")
-
-
-CONTROL = "issue 13.10: control characters reach output"
 
 
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)

@@ -17,7 +17,6 @@ from kx_adversarial import ALL, DOCKER, backends, wait_gone, wait_started
 
 HOST = Path(__file__).with_name("kx_session_host.py")
 ROOT = Path(__file__).resolve().parents[2]
-ORPHANS = "issue 13.3: processes escape (the host's death orphans them)"
 
 
 def _alive(pid: int) -> bool:

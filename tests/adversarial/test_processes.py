@@ -25,8 +25,6 @@ from kx_adversarial import (
 
 from kernelexec import make_executor
 
-ESCAPE = "issue 13.3: processes escape"
-
 
 def _spawn(ex: Any, how: str, token: str, extra: str = "", timeout: float = 30) -> Any:
     started = time.monotonic()
@@ -38,12 +36,9 @@ def _spawn(ex: Any, how: str, token: str, extra: str = "", timeout: float = 30) 
     return r
 
 
-DETACHED = ("new-session", "double-fork", "nohup")
-
-
 @pytest.mark.parametrize(
     ("backend", "how"),
-    pairs(COMMANDS, SPAWNERS, xfail={}),
+    pairs(COMMANDS, SPAWNERS),
     indirect=["backend"],
 )
 def test_nothing_outlives_a_stateless_block(backend: str, ex: Any, token: str, how: str) -> None:
@@ -55,7 +50,7 @@ def test_nothing_outlives_a_stateless_block(backend: str, ex: Any, token: str, h
 
 @pytest.mark.parametrize(
     ("backend", "how"),
-    pairs(KERNELS, SPAWNERS, xfail={}),
+    pairs(KERNELS, SPAWNERS),
     indirect=["backend"],
 )
 def test_nothing_a_kernel_started_survives_restart(

@@ -67,7 +67,7 @@ def test_a_loop_deaf_to_sigint_loses_state_and_says_so(backend: str, ex: Any, to
 
 @pytest.mark.parametrize(
     "backend",
-    backends(ALL, xfail={}),
+    backends(ALL),
     indirect=True,
 )
 def test_the_timeout_error_says_timeout_once(backend: str, ex: Any) -> None:
