@@ -39,7 +39,15 @@ from .backends._docker import (
 
 SUITE = "bookworm"
 BASE_IMAGE = f"kernelexec/base:{SUITE}"
-OFFLINE_PACKAGES = ("python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib")
+# pip too: a block may install a package (from a wheel in the work dir: no network), as the
+# seed documents' agents do.
+OFFLINE_PACKAGES = (
+    "python3-ipykernel",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+    "python3-pip",
+)
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 LABEL_RECIPE = "kernelexec.recipe"
 LABEL_BASE_RECIPE = "kernelexec.base-recipe"

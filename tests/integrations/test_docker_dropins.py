@@ -28,14 +28,16 @@ from .test_ag2 import ag2_chat
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
 
 
-def image_has_pip() -> bool:
+def image_pip_problem() -> str | None:
+    """Why the image cannot ``pip install`` (None when it can)."""
     probe = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", DEFAULT_IMAGE, "python3", "-m", "pip"],
         capture_output=True,
+        text=True,
         timeout=120,
         check=False,
     )
-    return probe.returncode == 0
+    return None if probe.returncode == 0 else probe.stderr.strip()[-300:]
 
 
 # -- AG2 -----------------------------------------------------------------------------------------
@@ -77,10 +79,8 @@ def test_ag2_docker_rules(tmp_path: Path) -> None:
 
 
 def test_ag2_missing_module_then_pip_install_in_the_same_container(tmp_path: Path) -> None:
-    if not image_has_pip():
-        # Checked by hand with the image plus python3-pip and PIP_BREAK_SYSTEM_PACKAGES=1
-        # PIP_USER=1 (Debian marks its Python externally managed; the user cannot write it).
-        pytest.skip(f"{DEFAULT_IMAGE} has no pip: the image needs python3-pip (see the README)")
+    problem = image_pip_problem()
+    assert problem is None, f"{DEFAULT_IMAGE} cannot pip install (rebuild the image): {problem}"
     wheel = flows.build_demo_wheel(tmp_path)  # in the work dir: the container sees it
     # As an agent writes it; no network: the wheel is a file in the work dir.
     install = f"```sh\npython3 -m pip install --no-index --no-deps {wheel.name}\n```"
@@ -137,3 +137,46 @@ def test_autogen_docker_unsupported_arguments_are_refused() -> None:
         autogen.DockerCommandLineCodeExecutor(init_command="pip install x")
     with pytest.raises(TypeError, match="bogus"):
         autogen.DockerCommandLineCodeExecutor(bogus=1)
+
+
+def test_ag2_container_name_and_a_kept_container(tmp_path: Path) -> None:
+    import contextlib
+    import uuid
+
+    import docker
+
+    name = f"kx-dropin-{uuid.uuid4().hex[:8]}"
+    client = docker.from_env()
+    try:
+        with ag2.DockerCommandLineCodeExecutor(
+            container_name=name, auto_remove=False, stop_container=False, work_dir=tmp_path
+        ) as executor:
+            result = executor.execute_code_blocks([AG2Block(code="print(1)", language="python")])
+            assert result.exit_code == 0 and result.output == "1\n"
+            assert client.containers.get(name).status == "running"
+        kept = client.containers.get(name)  # closing the executor kept it, as AG2 does
+        assert kept.status == "running"
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.containers.get(name).remove(force=True)
+        client.close()
+
+
+def test_autogen_bind_dir_is_what_the_container_mounts(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    app = tmp_path / "app"
+    app.symlink_to(host)  # the same folder seen under another path, as in Docker out of Docker
+
+    async def go() -> tuple[Any, Any]:
+        async with autogen.DockerCommandLineCodeExecutor(work_dir=app, bind_dir=host) as ex:
+            code = "open('seen.txt', 'w').write('x')\nprint('ok')"
+            result = await ex.execute_code_blocks(
+                [AutoGenBlock(code=code, language="python")], CancellationToken()
+            )
+            return ex, result
+
+    executor, result = asyncio.run(go())
+    assert result.exit_code == 0 and result.output == "ok\n"
+    assert executor.bind_dir == host and executor.work_dir == app
+    assert (host / "seen.txt").read_text() == "x"
