@@ -26,7 +26,7 @@ from typing import Any, ClassVar, TypeVar
 from nbformat import NotebookNode
 
 from ._budget import DEFAULT_OUTPUT_LIMIT
-from ._errors import ExecutorClosed, InvalidBlock, InvalidTimeout, InvalidWorkDir
+from ._errors import ExecutorClosed, InvalidBlock, InvalidPath, InvalidTimeout, InvalidWorkDir
 from ._extract import MarkdownCodeExtractor, normalize_language
 from ._files import FileEntry, FileStore, LocalFiles
 from ._session import SessionNotebook
@@ -53,6 +53,9 @@ class ExecutorOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     cleanup_code_files: bool = False
+    #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir; None: not
+    #: saved as files (they stay in ``outputs`` and the session notebook)
+    outputs_dir: str | None = "outputs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,16 @@ class PreparedBlock:
     language: str
     index: int
     target: Path | None  # from a first-line ``# filename:``; None means "name it yourself"
+
+
+def _check_outputs_dir(value: str | None) -> str | None:
+    """A folder name inside the work dir (or None), as a block's ``# filename:`` must be."""
+    if value is None:
+        return None
+    parts = Path(value).parts
+    if not parts or Path(value).is_absolute() or ".." in parts or "\x00" in value:
+        raise InvalidPath(f"outputs_dir must be a folder inside the work dir: {value!r}")
+    return Path(value).as_posix()
 
 
 def error_result(message: str, *, language: str, ename: str = "InvalidBlock") -> ExecutionResult:
@@ -153,6 +166,7 @@ class AsyncExecutor(ABC):
         env: Mapping[str, str] | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         cleanup_code_files: bool = False,
+        outputs_dir: str | None = "outputs",
         on_output: OutputCallback | None = None,
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
@@ -162,6 +176,7 @@ class AsyncExecutor(ABC):
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
+            outputs_dir=_check_outputs_dir(outputs_dir),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:

@@ -166,6 +166,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             limit=self.options.output_limit,
             spill_path=self._internal_path("output", f"block-{block.index}.txt"),
             on_output=self._emit,
+            outputs_dir=self.options.outputs_dir,
         )
         run = await _BlockRun(self, code, collector, timeout).wait()
         return await self._conclude(block, collector, run, timeout)

@@ -273,6 +273,7 @@ async def run_notebook_async(
     parameters: Mapping[str, Any] | None = None,
     progress: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
+    output_files: bool = True,
 ) -> NotebookNode:
     """The async form of ``run_notebook``; ``executor`` None means a local kernel."""
     nb, source = _prepare(path, parameters)
@@ -280,8 +281,9 @@ async def run_notebook_async(
     if executor is not None:
         _check_stateful(executor)
         return await run.execute(executor)
+    folder = files_folder(source, output_path, output_files)
     async with AsyncKernelExecutor(
-        **_kernel_options(nb, Path(work_dir or source.parent), timeout)
+        **_kernel_options(nb, Path(work_dir or source.parent), timeout, folder)
     ) as owned:
         return await run.execute(owned)
 
@@ -296,6 +298,7 @@ def run_notebook(
     parameters: Mapping[str, Any] | None = None,
     progress: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
+    output_files: bool = True,
 ) -> NotebookNode:
     """Run a notebook's code cells in order and return it with outputs and execution counts.
 
@@ -306,13 +309,16 @@ def run_notebook(
     ``nb.metadata["kernelexec"]``: ``status`` is ``ok``, ``error`` or ``timeout``. With
     ``output_path`` the notebook is written there (atomically) after every cell. ``parameters``
     are injected papermill-style after the cell tagged ``parameters``. An executor built here
-    works in ``work_dir``, by default the notebook's folder (as in Jupyter).
+    works in ``work_dir``, by default the notebook's folder (as in Jupyter); the rich outputs it
+    saves as files go to a folder named after the output notebook (``report_files/`` for
+    ``report.ipynb``), or nowhere with ``output_files=False`` (they are in the notebook anyway).
     """
     nb, source = _prepare(path, parameters)
     run = _Run(nb, output_path, timeout, allow_errors=allow_errors, progress=progress)
     if isinstance(executor, SyncExecutor):
         return _run_on(executor, run)
-    owned = _build_executor(executor, nb, Path(work_dir or source.parent), timeout)
+    folder = files_folder(source, output_path, output_files)
+    owned = _build_executor(executor, nb, Path(work_dir or source.parent), timeout, folder)
     try:
         return _run_on(owned, run)
     finally:
@@ -325,9 +331,23 @@ def _run_on(executor: SyncExecutor[Any], run: _Run) -> NotebookNode:
     return executor.run(run.execute, executor.aio)
 
 
-def _kernel_options(nb: NotebookNode, work_dir: Path, timeout: float) -> dict[str, Any]:
+def files_folder(
+    source: Path, output_path: str | os.PathLike[str] | None, output_files: bool
+) -> str | None:
+    """Where a run's rich outputs are saved: ``<output notebook's name>_files`` (None: not
+    saved, the notebook embeds them)."""
+    return f"{Path(output_path or source).stem}_files" if output_files else None
+
+
+def _kernel_options(
+    nb: NotebookNode, work_dir: Path, timeout: float, outputs_dir: str | None
+) -> dict[str, Any]:
     name = kernelspec_name(nb)
-    options: dict[str, Any] = {"work_dir": work_dir, "timeout": timeout}
+    options: dict[str, Any] = {
+        "work_dir": work_dir,
+        "timeout": timeout,
+        "outputs_dir": outputs_dir,
+    }
     if name is not None:
         check_kernelspec(name)
         options["kernel_name"] = name
@@ -335,9 +355,9 @@ def _kernel_options(nb: NotebookNode, work_dir: Path, timeout: float) -> dict[st
 
 
 def _build_executor(
-    name: str | None, nb: NotebookNode, work_dir: Path, timeout: float
+    name: str | None, nb: NotebookNode, work_dir: Path, timeout: float, outputs_dir: str | None
 ) -> SyncExecutor[Any]:
     """A local kernel from the notebook's kernelspec, or the executor ``name`` stands for."""
     if name is None or name == "kernel":
-        return KernelExecutor(**_kernel_options(nb, work_dir, timeout))
-    return make_executor(name, work_dir=work_dir, timeout=timeout)
+        return KernelExecutor(**_kernel_options(nb, work_dir, timeout, outputs_dir))
+    return make_executor(name, work_dir=work_dir, timeout=timeout, outputs_dir=outputs_dir)

@@ -210,8 +210,11 @@ class OutputCollector:
         limit: int,
         spill_path: Path | None,
         on_output: Callable[[NbOutput], None] | None = None,
+        outputs_dir: str | None = "outputs",
     ) -> None:
         self._work_dir = work_dir
+        #: where rich outputs are saved, relative to the work dir (None: not saved as files)
+        self._outputs_dir = outputs_dir
         self._cell = cell
         self._limit = limit
         self._on_output = on_output
@@ -395,10 +398,10 @@ class OutputCollector:
     # -- rich outputs ------------------------------------------------------------------------
     def _save_files(self, display: _Display) -> None:
         display.written = True
-        if display.k is None:
+        if display.k is None or self._outputs_dir is None:
             return
         for mime, (ext, encoding) in self._file_forms(display.out["data"]):
-            path = self._work_dir / "outputs" / f"cell{self._cell}-{display.k}.{ext}"
+            path = self._work_dir / self._outputs_dir / f"cell{self._cell}-{display.k}.{ext}"
             written = _write_payload(path, display.out["data"][mime], encoding)
             if written and path not in self._saved:
                 self._saved.append(path)
@@ -416,13 +419,17 @@ class OutputCollector:
 
     def _display_text(self, display: _Display, *, saved: bool = True) -> str:
         data = display.out["data"]
-        lines = [_as_text(data["text/plain"])] if "text/plain" in data else []
         k = display.k
+        saved = saved and self._outputs_dir is not None
         files = dict(self._file_forms(data)) if k is not None else {}
+        plain = _as_text(data["text/plain"]) if "text/plain" in data else None
+        if plain is not None and saved and _is_bare_repr(plain) and _has_image(files):
+            plain = None  # "<Figure size 640x480 with 1 Axes>" says nothing the file does not
+        lines = [plain] if plain is not None else []
         for mime in data:
             form = files.get(mime)
             if form is not None and saved:
-                rel = f"outputs/cell{self._cell}-{k}.{form[0]}"
+                rel = f"{self._outputs_dir}/cell{self._cell}-{k}.{form[0]}"
                 lines.append(f"[{mime} saved to {rel}]")
             elif mime != "text/plain" and not lines:
                 lines.append(f"[{mime} output]")
@@ -580,3 +587,15 @@ def _write_payload(path: Path, payload: Any, encoding: str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(raw)
     return True
+
+
+_BARE_REPR = re.compile(r"^<[^<>\n]*>$")
+
+
+def _is_bare_repr(text: str) -> bool:
+    """An object's default repr (``<Figure size 640x480 with 1 Axes>``, ``<... at 0x7f...>``)."""
+    return bool(_BARE_REPR.match(text.strip()))
+
+
+def _has_image(files: dict[str, tuple[str, str]]) -> bool:
+    return any(mime.startswith("image/") for mime in files)

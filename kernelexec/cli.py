@@ -271,6 +271,7 @@ def _run_notebook_cli(
         parameters=parameters,
         progress=not args.no_progress,
         work_dir=args.work_dir,
+        output_files=not args.no_output_files,
     )
 
 
@@ -289,6 +290,12 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     run.add_argument("--work-dir", help="where the cells run (default: the notebook's folder)")
+    run.add_argument(
+        "--no-output-files",
+        action="store_true",
+        help="do not also save plots and other rich outputs as files (default: in a folder "
+        "named after the output notebook, e.g. report_files/; the notebook embeds them anyway)",
+    )
     run.add_argument("--allow-errors", action="store_true", help="keep going after a failed cell")
     run.add_argument(
         "-p",

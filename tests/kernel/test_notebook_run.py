@@ -257,3 +257,23 @@ def test_cli_warns_when_parameters_have_no_parameters_cell(tmp_path: Path) -> No
     assert "Traceback" not in proc.stderr
     out = nbformat.read(path, as_version=4)
     assert out.cells[1].outputs[0]["text"] == "5\n"  # injected first, then the cell ran
+
+
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"
+
+
+def test_rich_outputs_go_to_a_folder_named_after_the_output_notebook(tmp_path: Path) -> None:
+    source = _write(_notebook(PLOT), tmp_path / "in.ipynb")
+    nb = run_notebook(source, output_path=tmp_path / "report.ipynb", timeout=60)
+    assert (tmp_path / "report_files" / "cell1-1.png").read_bytes().startswith(b"\x89PNG")
+    assert not (tmp_path / "outputs").exists()
+    assert "image/png" in nb.cells[1].outputs[0]["data"]  # and the notebook embeds it
+
+
+def test_cli_no_output_files_saves_nothing_beside_the_notebook(tmp_path: Path) -> None:
+    source = _write(_notebook(PLOT), tmp_path / "in.ipynb")
+    done = _cli(source, "-o", "out.ipynb", "--no-output-files", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.ipynb", "out.ipynb"]
+    nb = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert "image/png" in nb.cells[1].outputs[0]["data"]
