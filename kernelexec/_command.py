@@ -5,15 +5,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ._budget import StreamDecoder, TextBudget
-from ._errors import InvalidBlock
+from ._errors import InvalidBlock, InvalidPath
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
 from ._outputs import visible_text
 from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from ._workdir import INTERNAL_DIR
 from .backends.base import CommandBackend
 from .backends.local_command import LocalCommand
 
@@ -22,6 +25,40 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 # Set for every stateless run so output streams as it is made and plots never try a display.
 _BASE_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg"}
+
+
+#: where unnamed blocks' code files go by default (inside kernelexec's own ``.kernelexec``)
+CODE_DIR = f"{INTERNAL_DIR}/code"
+
+
+# A stateless block has no inline backend: this matplotlib backend (a file of its own, run by
+# the block's interpreter, which may not have kernelexec) makes plt.show() save each figure.
+_FIGURE_BACKEND = Path(__file__).with_name("_resources") / "kernelexec_show.py"
+_FIGURE_DIR = f"{INTERNAL_DIR}/mpl"  # relative: the block runs in the work dir, here or in Docker
+
+
+def _figure_env(host: Mapping[str, str], outputs_dir: str | None) -> dict[str, str]:
+    if outputs_dir is None:
+        return {}
+    path = os.pathsep.join(p for p in (_FIGURE_DIR, host.get("PYTHONPATH")) if p)
+    return {"MPLBACKEND": "module://kernelexec_show", "PYTHONPATH": path}
+
+
+def _install_figure_backend(work_dir: Path) -> None:
+    """Put the backend in the work dir (a block may have deleted it, or the whole folder)."""
+    target = work_dir / _FIGURE_DIR / _FIGURE_BACKEND.name
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_FIGURE_BACKEND, target)
+
+
+def _check_code_dir(value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = Path(value).parts
+    if Path(value).is_absolute() or ".." in parts:
+        raise InvalidPath(f"code_dir must be a folder inside the work dir: {value!r}")
+    return value
 
 
 class AsyncCommandLineExecutor(AsyncExecutor):
@@ -34,15 +71,21 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         backend: CommandBackend | None = None,
         *,
         python: str | os.PathLike[str] | None = None,
+        code_dir: str | None = None,
         **options: Any,
     ) -> None:
         if backend is not None and python is not None:
             raise ValueError("give either backend= or python=, not both")
+        #: where unnamed blocks' code files go, relative to the work dir: kernelexec's own
+        #: folder by default (not left among the user's files); "." for the work dir itself,
+        #: as AG2's and autogen-ext's executors do
+        self.code_dir = _check_code_dir(code_dir)
         self.backend = backend or LocalCommand(python=python)
         super().__init__(**options)
         # The environment is read now, when the executor is built, never at import.
         host = os.environ if self.backend.inherits_host_env else {}
-        self._env = {**host, **_BASE_ENV, **self.options.env}
+        self._env = {**host, **_BASE_ENV, **_figure_env(host, self.options.outputs_dir)}
+        self._env.update(self.options.env)
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
@@ -75,7 +118,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
             outcome = await self.backend.run(
                 argv,
                 work_dir=self.work_dir,
-                env=self._env,
+                env=self._block_env(block),
                 timeout=timeout,
                 on_stdout=capture.stdout,
                 on_stderr=capture.stderr,
@@ -86,6 +129,14 @@ class AsyncCommandLineExecutor(AsyncExecutor):
                 code_path.unlink(missing_ok=True)
         return capture.result(block, outcome.exit_code, outcome.timed_out, timeout, code_path)
 
+    def _block_env(self, block: PreparedBlock) -> dict[str, str]:
+        if self.options.outputs_dir is None or block.language != "python":
+            return self._env
+        _install_figure_backend(self.work_dir)
+        # plt.show() in this block saves figures as the stateful executor names them
+        prefix = f"{self.options.outputs_dir}/cell{block.index}-"
+        return {**self._env, "KERNELEXEC_FIGURE_PREFIX": prefix}
+
     def _write_code(self, block: PreparedBlock) -> Path:
         if block.target is not None:
             path = block.target
@@ -93,7 +144,9 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         else:
             # surrogatepass: code from JSON may hold lone surrogates; it still gets a stable name
             digest = hashlib.sha256(block.code.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-            path = self.work_dir / f"tmp_code_{digest}{_EXTENSIONS[block.language]}"
+            folder = self.work_dir / (self.code_dir or CODE_DIR)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"tmp_code_{digest}{_EXTENSIONS[block.language]}"
         path.write_text(block.code, encoding="utf-8", errors="replace")
         return path
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._registry import EXECUTOR_NAMES, make_async_executor, make_executor
+from .._registry import EXECUTOR_NAMES, EXECUTORS, make_async_executor, make_executor
 
 #: executor names the adapters accept for ``kind=``
 KINDS = EXECUTOR_NAMES
@@ -22,6 +22,16 @@ __all__ = [
     "make_executor",
     "missing_framework",
 ]
+
+
+def as_peers_do(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for executor ``kind`` with the peers' file layout: a stateless executor
+    writes unnamed blocks' code files into the work dir itself (kernelexec's native default is
+    its own ``.kernelexec/code``), as AG2's and autogen-ext's command-line executors do."""
+    entry = EXECUTORS.get(kind)
+    if entry is not None and not entry.stateful:
+        return {"code_dir": ".", **options}
+    return dict(options)
 
 
 def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:

@@ -42,7 +42,7 @@ from .._extract import _content_text as content_text
 from .._types import CodeBlock as NativeBlock
 from .._types import ExecutionResult
 from .._workdir import filename_from_code, resolve_inside
-from ._common import docker_peer_options, make_executor, missing_framework
+from ._common import as_peers_do, docker_peer_options, make_executor, missing_framework
 
 try:
     from autogen.coding.base import CodeBlock, CodeResult
@@ -160,7 +160,9 @@ class AG2CodeExecutor:
         self._owned = executor is None
         self._given_work_dir = options.get("work_dir")
         self._given_timeout = options.get("timeout")
-        self.executor: SyncExecutor[Any] = executor or make_executor(kind, **options)
+        self.executor: SyncExecutor[Any] = executor or make_executor(
+            kind, **as_peers_do(kind, options)
+        )
         self._extractor = AG2CodeExtractor(self.executor.code_extractor)
         self.execution_policies: dict[str, bool] = dict(DEFAULT_EXECUTION_POLICY)
         self.execution_policies.update(execution_policies or {})

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._executor import AsyncExecutor, SyncExecutor
 from .._types import ExecutionResult
-from ._common import make_async_executor, missing_framework
+from ._common import as_peers_do, make_async_executor, missing_framework
 
 try:
     from ag2.tools.code import CodeLanguage, CodeRunResult
@@ -51,7 +51,9 @@ class KernelCodeEnvironment:
         if executor is not None and options:
             raise ValueError("give either an executor or executor options, not both")
         self._owned = executor is None
-        self.executor: AsyncExecutor = executor or make_async_executor(kind, **options)
+        self.executor: AsyncExecutor = executor or make_async_executor(
+            kind, **as_peers_do(kind, options)
+        )
         #: the full kernelexec result of the last run (outputs, files, error)
         self.last_result: ExecutionResult | None = None
 

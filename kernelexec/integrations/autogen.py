@@ -42,7 +42,12 @@ from .._errors import ExecutionTimeout, ExecutorNotStarted
 from .._executor import AsyncExecutor, SyncExecutor
 from .._registry import executor_entry
 from .._types import ExecutionResult
-from ._common import docker_peer_options, make_async_executor, missing_framework
+from ._common import (
+    as_peers_do,
+    docker_peer_options,
+    make_async_executor,
+    missing_framework,
+)
 
 try:
     from autogen_core import CancellationToken, Component
@@ -269,7 +274,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             options["work_dir"] = self._config.work_dir
         if self._config.python is not None:
             options["python"] = self._config.python
-        return make_async_executor(self._config.kind, **options)
+        return make_async_executor(self._config.kind, **as_peers_do(self._config.kind, options))
 
     def _to_config(self) -> KernelExecCodeExecutorConfig:
         return self._config.model_copy()

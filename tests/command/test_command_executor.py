@@ -105,11 +105,25 @@ def test_code_files_are_named_by_content_hash(fresh: CommandLineExecutor) -> Non
     code = "print('hash me')"
     first, again = fresh.execute(code), fresh.execute(code)
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
-    assert first.code_file == again.code_file == str(fresh.work_dir / f"tmp_code_{digest}.py")
+    where = fresh.work_dir / ".kernelexec" / "code" / f"tmp_code_{digest}.py"
+    assert first.code_file == again.code_file == str(where)
     assert Path(first.code_file).read_text() == code
     other = fresh.execute("echo hi", "sh")
     assert other.code_file is not None and other.code_file.endswith(".sh")
     assert other.code_file != first.code_file
+
+
+def test_code_files_stay_out_of_the_work_dir_unless_asked(tmp_path: Path) -> None:
+    """Unnamed blocks' code files live in kernelexec's own folder: the work dir holds only
+    what the code made; ``code_dir="."`` puts them beside it, as AG2's executor does."""
+    with CommandLineExecutor(work_dir=tmp_path / "native") as ex:
+        r = ex.execute("open('made.txt', 'w').write('x')")
+        assert sorted(p.name for p in ex.work_dir.iterdir()) == [".kernelexec", "made.txt"]
+        assert r.files == [ex.work_dir / "made.txt"]
+        assert "File" in ex.execute("raise ValueError('x')").output  # the traceback names a file
+    with CommandLineExecutor(work_dir=tmp_path / "peer", code_dir=".") as ex:
+        r = ex.execute("print(1)")
+        assert r.code_file is not None and Path(r.code_file).parent == ex.work_dir
 
 
 def test_cleanup_code_files(tmp_path: Path) -> None:
@@ -387,9 +401,10 @@ def test_matplotlib_figure_is_listed(fresh: CommandLineExecutor) -> None:
     result = fresh.execute(code, timeout=60)
     assert result.exit_code == 0, result.output
     png = fresh.work_dir / "scatter.png"
-    assert result.files == [png]
-    assert result.output_files == [str(png)]
-    assert png.read_bytes().startswith(b"\x89PNG")
+    # the figure still open at the end is shown too, as a notebook's inline backend shows it
+    shown = fresh.work_dir / "outputs" / "cell1-1.png"
+    assert sorted(result.files) == sorted([png, shown])
+    assert png.read_bytes().startswith(b"\x89PNG") and shown.read_bytes().startswith(b"\x89PNG")
 
 
 def test_created_and_modified_files_are_listed_but_not_untouched_ones(
@@ -492,3 +507,30 @@ def test_async_twin(tmp_path: Path) -> None:
         return [one.output, blocks.output, message.output]
 
     assert asyncio.run(main()) == ["1\n", "2\n", "3\n"]
+
+
+FIGURES = (
+    "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n"
+    "plt.figure(); plt.bar([1], [2])\nprint('end')\n"  # never shown: saved when the block ends
+)
+
+
+def test_plt_show_saves_figures_as_the_stateful_executor_names_them(tmp_path: Path) -> None:
+    with CommandLineExecutor(work_dir=tmp_path) as ex:
+        ex.execute("print('block one')")
+        r = ex.execute(FIGURES)
+    assert r.exit_code == 0, r.output
+    assert r.output == (
+        "[image/png saved to outputs/cell2-1.png]\nend\n[image/png saved to outputs/cell2-2.png]\n"
+    )
+    assert [p.relative_to(tmp_path).as_posix() for p in r.files] == [
+        "outputs/cell2-1.png",
+        "outputs/cell2-2.png",
+    ]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in r.files)
+
+
+def test_no_outputs_dir_no_figure_files(tmp_path: Path) -> None:
+    with CommandLineExecutor(work_dir=tmp_path, outputs_dir=None) as ex:
+        r = ex.execute(FIGURES + "import matplotlib; print(matplotlib.get_backend().lower())")
+    assert r.exit_code == 0 and r.output == "end\nagg\n" and r.files == []

@@ -362,3 +362,12 @@ def test_a_block_killed_by_a_signal_names_it_as_the_local_back_end_does(
 def test_an_exit_status_above_128_stays_an_exit_status(ex: CommandLineExecutor) -> None:
     r = run(ex, "import sys; sys.exit(139)")
     assert r.exit_code == 139 and "signal" not in r.output
+
+
+def test_plt_show_saves_figures_in_the_container(tmp_path: Path) -> None:
+    from kernelexec import make_executor
+
+    with make_executor("docker-command", work_dir=tmp_path, timeout=60) as ex:
+        r = ex.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+    assert r.output == "[image/png saved to outputs/cell1-1.png]\n", r.output
+    assert (tmp_path / "outputs" / "cell1-1.png").read_bytes().startswith(b"\x89PNG")
