@@ -121,27 +121,3 @@ def transfer_roundtrip(tmp_path: Path) -> Callable[[Any], None]:
         assert renamed.read_bytes() == source.read_bytes()
 
     return check
-
-
-def sandbox_unavailable() -> str | None:
-    """Why the bubblewrap sandbox cannot run here (None when it can). With
-    ``KERNELEXEC_REQUIRE_SANDBOX=1`` (set by CI) a missing sandbox fails instead of skipping."""
-    import os
-
-    from kernelexec import BackendUnavailable
-    from kernelexec.backends._sandbox import check_sandbox
-
-    try:
-        check_sandbox()
-    except BackendUnavailable as exc:
-        if os.environ.get("KERNELEXEC_REQUIRE_SANDBOX") == "1":
-            raise
-        return str(exc)
-    return None
-
-
-@pytest.fixture
-def needs_sandbox() -> None:
-    reason = sandbox_unavailable()
-    if reason is not None:
-        pytest.skip(reason)

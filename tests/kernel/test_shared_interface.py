@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sandbox_unavailable
+from kx_sandbox import sandbox_unavailable
 
 from kernelexec import (
     CodeBlock,
