@@ -86,6 +86,12 @@ class Jail(ABC):
         """The argv to start instead of ``argv``."""
         return list(argv)
 
+    @property
+    def procs_file(self) -> Path | None:
+        """A file a process joins the jail by writing ``0`` to (a cgroup's), if there is one:
+        for a process this back end does not start itself (a forked kernel)."""
+        return None
+
     def started(self, pid: int) -> None:  # noqa: B027 - optional hook
         """Called with the pid of the process just started (it leads its own session)."""
 
@@ -200,6 +206,10 @@ class _CgroupJail(Jail):
             self.path.mkdir()
         except OSError as exc:
             raise BackendUnavailable(f"cannot create cgroup {self.path}: {exc}") from exc
+
+    @property
+    def procs_file(self) -> Path | None:
+        return self.path / "cgroup.procs"
 
     def popen_kwargs(self) -> dict[str, Any]:
         # The child writes "0" (itself) into cgroup.procs after fork, before exec: nothing it

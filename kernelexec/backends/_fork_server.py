@@ -70,6 +70,9 @@ def _kernel(request: dict[str, Any]) -> None:
     """In the forked child: become a kernel process and never return."""
     code = 1
     try:
+        if request.get("cgroup"):  # first: nothing the kernel runs is ever outside it
+            with open(request["cgroup"], "w") as procs:
+                procs.write("0")
         os.setsid()  # its own group: interrupts and kills reach the kernel and its children
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

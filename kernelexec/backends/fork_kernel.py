@@ -35,6 +35,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
+from . import _containment
 from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
@@ -174,6 +175,7 @@ class ForkKernel(KernelBackend):
         self.python = sys.executable if python is None else resolve_python(python)
         self.shutdown_wait = shutdown_wait
         self._kc: AsyncKernelClient | None = None
+        self._jail: _containment.Jail | None = None
         self._pid: int | None = None
         self._server_pid: int | None = None
         self._dir: str | None = None
@@ -215,8 +217,19 @@ class ForkKernel(KernelBackend):
             "cwd": str(self._work_dir),
             "env": self._env,
             "log": os.path.join(self._dir, "kernel.log"),
+            "cgroup": self._cgroup_procs(),
         }
         self._pid = await asyncio.to_thread(server.fork, request, timeout)
+
+    def _cgroup_procs(self) -> str | None:
+        """A cgroup for the kernel when the host offers one (the forked child joins it before
+        it runs anything): nothing it starts, in a new session or not, outlives ``close()``.
+        Elsewhere the kernel's process group is what is killed."""
+        mechanism = _containment.mechanism()
+        if not mechanism.startswith("cgroup"):
+            return None
+        self._jail = jail = _containment.make_jail(mechanism)
+        return None if jail.procs_file is None else str(jail.procs_file)
 
     async def _connect(self, timeout: float) -> None:
         assert self._dir is not None
@@ -278,6 +291,9 @@ class ForkKernel(KernelBackend):
                 # The kernel leads its own process group: whatever a block started in it goes too.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
+            jail, self._jail = self._jail, None
+            if jail is not None:  # and whatever left the group, from the cgroup
+                await asyncio.to_thread(jail.close)
             folder, self._dir = self._dir, None
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -221,3 +221,42 @@ def _server_processes(marker: str) -> list[int]:
             if b"_fork_server.py" in cmdline and marker.encode() in cmdline:
                 found.append(int(entry))
     return found
+
+
+@pytest.mark.parametrize("how", ["setsid", "double-fork"])
+def test_a_detached_child_does_not_outlive_close(tmp_path: Path, how: str) -> None:
+    """Where the host has cgroups, a forked kernel lives in one: a child that left the
+    kernel's process group (a new session, a double fork) still dies with the kernel."""
+    from kernelexec.backends import _containment
+
+    if not _containment.mechanism().startswith("cgroup"):
+        pytest.skip("no cgroup here: a forked kernel is contained by its process group only")
+    marker = f"kx-fork-{how}-{time.monotonic_ns()}"
+    spawn = {
+        "setsid": f"subprocess.Popen(['setsid', 'bash', '-c', 'exec -a {marker} sleep 300'])",
+        "double-fork": (
+            f"subprocess.Popen(['bash', '-c', '(exec -a {marker} sleep 300 &) ; exit 0'], "
+            "start_new_session=True).wait()"
+        ),
+    }[how]
+    ex = make_executor("fork-kernel", work_dir=tmp_path, timeout=30)
+    assert ex.execute(f"import subprocess\n{spawn}").exit_code == 0
+    assert _marked(marker), "the child never started"
+    ex.close()
+    deadline = time.monotonic() + 10
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _marked(marker), f"{how} child outlived close()"
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
