@@ -71,8 +71,9 @@ block in your reply, in order, and answers with its exit code and output.
 - Every block runs in a new process: nothing is kept between blocks. Each block must be complete:
   import what it uses and recompute or reload what it needs. Pass results between blocks through
   files in the current directory.
-- Save plots with plt.savefig("name.png") in the current directory; never call plt.show().
-  New files are named in the reply.
+- Plots shown with plt.show() are saved as image files and named in the reply; to keep one under
+  a name, save it with plt.savefig("name.png") in the current directory. New files are named in
+  the reply.
 - If a module is missing, install it with a ```sh block (pip install NAME), then carry on.
 - If a block fails, read the error and send corrected code.
 - When the task is done, give the answer and end your reply with TERMINATE."""
