@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._errors import BackendUnavailable
 from .names import DEFAULT_IMAGE as DEFAULT_IMAGE
 from .names import EXECUTOR_NAMES as EXECUTOR_NAMES
 from .names import GROUPS as GROUPS
@@ -160,6 +161,17 @@ def _python(ctx: BenchContext) -> dict[str, Any]:
     return {"python": ctx.python}
 
 
+def _sandbox_check(ctx: BenchContext) -> str | None:
+    """Why the bubblewrap rows cannot run here (None: they can)."""
+    from ..backends._sandbox import check_sandbox
+
+    try:
+        check_sandbox()
+    except BackendUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def _warm_up(ctx: BenchContext) -> dict[str, Any]:
     # What the workloads import: the server imports it once, every forked kernel shares it.
     return {"warm_up": ["numpy", "pandas", "matplotlib.pyplot"]}
@@ -179,6 +191,21 @@ def _pool(ctx: BenchContext) -> Iterator[Any]:
         yield pool
     finally:
         pool.close()
+
+
+@contextmanager
+def _fork_server(ctx: BenchContext) -> Iterator[None]:
+    """The fork server, started before the row's first session: a session's start is a fork,
+    as it is for every executor after the first in a process; the server's own start (imports
+    of the warm-up list) is a one-off per process."""
+    from .. import make_executor, stop_fork_servers
+
+    with make_executor("fork-kernel", timeout=ctx.timeout, **_warm_up(ctx)) as ex:
+        ex.execute("1")
+    try:
+        yield None
+    finally:
+        stop_fork_servers()
 
 
 def _open_pool(ctx: BenchContext, work: Path, shared: Any) -> Session:
@@ -359,7 +386,26 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=True,
         check=_needs("kernelexec", "ForkKernel"),
         open=_registry_row("fork-kernel", _warm_up),
+        shared=_fork_server,
         floor="jupyter-client",
+    ),
+    ExecutorSpec(
+        name="sandboxed-command",
+        label="kernelexec sandboxed command (bubblewrap)",
+        group="kernelexec",
+        stateful=False,
+        check=_sandbox_check,
+        open=_registry_row("sandboxed-command"),
+        floor="command",
+    ),
+    ExecutorSpec(
+        name="sandboxed-kernel",
+        label="kernelexec sandboxed kernel (bubblewrap)",
+        group="kernelexec",
+        stateful=True,
+        check=_sandbox_check,
+        open=_registry_row("sandboxed-kernel"),
+        floor="kernel",
     ),
     ExecutorSpec(
         name="docker-command",

@@ -22,6 +22,8 @@ EXECUTOR_NAMES: tuple[str, ...] = (
     "command",
     "kernel",
     "fork-kernel",
+    "sandboxed-command",
+    "sandboxed-kernel",
     "docker-command",
     "docker-kernel",
     "pool",

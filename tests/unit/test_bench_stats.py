@@ -393,6 +393,8 @@ def test_kernelexec_rows_are_built_by_the_registry(
         "command": {**common, "python": "/usr/bin/python3"},
         "kernel": common,
         "fork-kernel": {**common, "warm_up": ["numpy", "pandas", "matplotlib.pyplot"]},
+        "sandboxed-command": common,
+        "sandboxed-kernel": common,
         "docker-command": {**common, "image": "img:1"},
         "docker-kernel": {**common, "image": "img:1"},
     }
