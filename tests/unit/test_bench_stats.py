@@ -392,7 +392,6 @@ def test_kernelexec_rows_are_built_by_the_registry(
     assert built == {
         "command": {**common, "python": "/usr/bin/python3"},
         "kernel": common,
-        "fork-kernel": {**common, "warm_up": ["numpy", "pandas", "matplotlib.pyplot"]},
         "sandboxed-command": common,
         "sandboxed-kernel": common,
         "docker-command": {**common, "image": "img:1"},
