@@ -59,9 +59,10 @@ def _kx_setup():
         pass
 
     def bound(stream, chunk={_STREAM_CHUNK}):
-        if getattr(stream, "_kx_bounded", False) or type(stream).__name__ != "OutStream":
+        write = getattr(stream, "write", None)
+        if type(stream).__name__ != "OutStream" or getattr(write, "_kx_bounded", False):
             return
-        write, held = stream.write, [0]
+        held = [0]
 
         def bounded_write(text):
             if not isinstance(text, str) or held[0] + len(text) < chunk:
@@ -73,11 +74,19 @@ def _kx_setup():
             held[0] = 0
             return len(text)
 
+        bounded_write._kx_bounded = True
         stream.write = bounded_write
-        stream._kx_bounded = True
 
-    bound(sys.stdout)
-    bound(sys.stderr)
+    def bound_streams():
+        bound(sys.stdout)
+        bound(sys.stderr)
+
+    bound_streams()
+    # IPython 9 swaps a stream's ``write`` for a history tee around each cell and puts back
+    # what it found afterwards, which drops the patch: so it is put on again as each cell starts.
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None:
+        shell.events.register("pre_execute", bound_streams)
 
 
 _kx_setup()

@@ -14,6 +14,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ def bwrap_argv(
     ``BASE_ENV`` from the host)."""
     out = [bwrap_path(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--size", str(options.tmp_size), "--tmpfs", "/tmp"]
+    for path in _under_tmp(_interpreter_roots(argv[0] if argv else sys.executable)):
+        out += ["--ro-bind", path, path]  # a virtualenv in /tmp stays visible (read-only)
     for path in _existing(options.hide):
         out += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
     for place in [work_dir, *writable, *options.writable]:
@@ -84,6 +87,20 @@ def bwrap_argv(
         out += ["--setenv", name, value]
     out += ["--chdir", str(work_dir.resolve()), "--", *argv]
     return out
+
+
+def _interpreter_roots(python: str) -> list[str]:
+    """Where an interpreter's files live: its environment (a virtualenv's root) and the real
+    installation behind it, and this process's own (kernelexec's host interpreter)."""
+    exe = Path(shutil.which(python) or python)
+    roots = {exe.parent.parent, exe.resolve().parent.parent}
+    roots |= {Path(sys.prefix), Path(sys.base_prefix)}
+    return sorted(str(r) for r in roots if r.is_dir())
+
+
+def _under_tmp(paths: Sequence[str]) -> list[str]:
+    """The paths the private ``/tmp`` would hide."""
+    return [p for p in paths if p == "/tmp" or p.startswith("/tmp/")]
 
 
 def _existing(paths: Sequence[str]) -> list[str]:

@@ -8,6 +8,7 @@ the report states.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -153,3 +154,6 @@ class PeakSampler:
     ) -> None:
         self._stop.set()
         self._thread.join()
+        if self.samples == 0:  # a session shorter than one interval still gets its reading
+            with contextlib.suppress(Exception):
+                self.sample()

@@ -164,3 +164,19 @@ def _cmdline(pid: str) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_an_interpreter_under_tmp_stays_visible_read_only(tmp_path: Path) -> None:
+    """A virtualenv in /tmp (CI's fresh venv, a user's scratch env) would vanish under the
+    sandbox's private /tmp: its root is bound back, read-only."""
+    from kernelexec.backends._sandbox import bwrap_argv
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("")
+    argv = bwrap_argv(SandboxOptions(), [str(python), "x.py"], work_dir=tmp_path, env={})
+    pairs = [argv[i : i + 3] for i in range(len(argv) - 2)]
+    assert ["--ro-bind", str(venv), str(venv)] in pairs
+    # after the private /tmp, or it would be hidden again
+    assert argv.index(str(venv)) > argv.index("/tmp", argv.index("--tmpfs"))
