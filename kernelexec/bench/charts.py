@@ -8,6 +8,7 @@ outside the data.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,18 @@ def _legend(fig: Figure, results: BenchResults, colours: dict[str, str], floor_s
             )
         else:
             handles.append(Line2D([], [], color=colour, ls="--" if floor else "-", label=label))
+    # As many columns as fit the figure's width (an entry is about two inches at this size),
+    # so a narrow one-workload chart wraps its legend instead of cutting it off.
+    fits = max(1, int(fig.get_figwidth() // 2.1))
     fig.legend(
-        handles=handles, loc="outside lower center", ncols=min(6, max(1, len(handles))), fontsize=7
+        handles=handles, loc="outside lower center", ncols=min(6, fits, len(handles)), fontsize=7
     )
+
+
+def _title(fig: Figure, text: str) -> None:
+    """The figure's title, wrapped to its width (a one-workload chart is narrow)."""
+    per_line = max(30, int(fig.get_figwidth() * 11))  # characters per line at this size
+    fig.suptitle(textwrap.fill(text, per_line), fontsize=10)
 
 
 def bars_figure(results: BenchResults) -> Figure:
@@ -100,7 +110,7 @@ def bars_figure(results: BenchResults) -> Figure:
         ax.set_xticks(x, [r.executor for r in rows], rotation=45, ha="right", fontsize=7)
         ax.set_title(workload)
         ax.set_ylabel("per-block latency, ms (log; p50, bars p10 to p90)", fontsize=8)
-    fig.suptitle("kernelexec bench: per-block latency by executor (hatched: floors)", fontsize=10)
+    _title(fig, "kernelexec bench: per-block latency by executor (hatched: floors)")
     _legend(fig, results, colours, "hatch")
     return fig
 
@@ -124,9 +134,8 @@ def latency_figure(results: BenchResults) -> Figure:
         ax.set_xlabel("block number in the session")
         ax.set_ylabel("latency, ms (log; median over sessions)", fontsize=8)
         ax.set_title(workload)
-    fig.suptitle(
-        "kernelexec bench: latency of each block (dashed: floors; block 1 includes warm-up)",
-        fontsize=10,
+    _title(
+        fig, "kernelexec bench: latency of each block (dashed: floors; block 1 includes warm-up)"
     )
     _legend(fig, results, colours, "line")
     return fig
