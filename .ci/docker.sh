@@ -30,6 +30,52 @@ _kx_docker_stop() {
     _KX_DOCKERD_PID=""
 }
 
+# A machine restored from a snapshot can carry the last engine's pid files: dockerd then trusts
+# a pid that now belongs to some other process ("containerd is still running") and waits for a
+# socket nobody will open. Remove pid files and sockets whose process is not a live engine.
+_kx_docker_clear_stale() {
+    local f pid
+    for f in /var/run/docker/containerd/containerd.pid /var/run/docker.pid; do
+        [ -f "$f" ] || continue
+        pid="$(cat "$f" 2>/dev/null)"
+        if [ -n "$pid" ] && grep -qsE '^(containerd|dockerd)$' "/proc/$pid/comm"; then
+            continue
+        fi
+        echo "docker.sh: removing stale $f (pid ${pid:-none} is not a running engine)"
+        rm -f "$f"
+    done
+    if ! pgrep -x containerd >/dev/null 2>&1; then
+        rm -f /var/run/docker/containerd/containerd.sock /var/run/docker/containerd/containerd.sock.ttrpc \
+            /var/run/docker/containerd/containerd-debug.sock
+    fi
+    if ! pgrep -x dockerd >/dev/null 2>&1; then
+        rm -f /var/run/docker.sock
+    fi
+}
+
+_kx_dockerd_start() {
+    _kx_docker_clear_stale
+    echo "docker.sh: starting dockerd (log: $_KX_DOCKERD_LOG)"
+    dockerd >"$_KX_DOCKERD_LOG" 2>&1 &
+    _KX_DOCKERD_PID=$!
+    for _ in $(seq 1 120); do
+        if _kx_docker_answers; then
+            echo "docker.sh: dockerd answers"
+            return 0
+        fi
+        if ! kill -0 "$_KX_DOCKERD_PID" 2>/dev/null; then
+            echo "docker.sh: dockerd exited; last log lines:" >&2
+            tail -n 20 "$_KX_DOCKERD_LOG" >&2
+            _KX_DOCKERD_PID=""
+            return 1
+        fi
+        sleep 0.5
+    done
+    echo "docker.sh: dockerd did not answer within 60 s" >&2
+    _kx_docker_stop
+    return 1
+}
+
 docker_up() {
     if _kx_docker_answers; then
         echo "docker.sh: a Docker engine already answers; using it"
@@ -48,27 +94,17 @@ docker_up() {
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "${missing[@]}" || return 1
     fi
-    echo "docker.sh: starting dockerd (log: $_KX_DOCKERD_LOG)"
-    dockerd >"$_KX_DOCKERD_LOG" 2>&1 &
-    _KX_DOCKERD_PID=$!
     # Chain onto an EXIT trap the caller may already have, instead of replacing it.
-    local previous
+    local previous attempt
     previous="$(trap -p EXIT | sed -e "s/^trap -- '\(.*\)' EXIT$/\1/")"
     # shellcheck disable=SC2064
     trap "_kx_docker_stop${previous:+; $previous}" EXIT
-    for _ in $(seq 1 120); do
-        if _kx_docker_answers; then
-            echo "docker.sh: dockerd answers"
-            return 0
-        fi
-        if ! kill -0 "$_KX_DOCKERD_PID" 2>/dev/null; then
-            echo "docker.sh: dockerd exited; last log lines:" >&2
-            tail -n 20 "$_KX_DOCKERD_LOG" >&2
-            return 1
-        fi
-        sleep 0.5
+    # A second try after a failed start: the first one's leftovers are cleared before it.
+    for attempt in 1 2 3; do
+        _kx_dockerd_start && return 0
+        echo "docker.sh: dockerd start attempt $attempt failed" >&2
+        sleep 2
     done
-    echo "docker.sh: dockerd did not answer within 60 s" >&2
     return 1
 }
 
