@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ._budget import StreamDecoder, TextBudget
-from ._errors import InvalidBlock, InvalidPath
+from ._errors import InvalidBlock
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
 from ._outputs import visible_text
 from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
-from ._workdir import INTERNAL_DIR
+from ._workdir import INTERNAL_DIR, folder_option
 from .backends.base import CommandBackend
 from .backends.local_command import LocalCommand
 
@@ -52,15 +52,6 @@ def _install_figure_backend(work_dir: Path) -> None:
         shutil.copyfile(_FIGURE_BACKEND, target)
 
 
-def _check_code_dir(value: str | None) -> str | None:
-    if value is None:
-        return None
-    parts = Path(value).parts
-    if Path(value).is_absolute() or ".." in parts:
-        raise InvalidPath(f"code_dir must be a folder inside the work dir: {value!r}")
-    return value
-
-
 class AsyncCommandLineExecutor(AsyncExecutor):
     """Runs each block in a new process (stateless): nothing survives from block to block."""
 
@@ -79,7 +70,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         #: where unnamed blocks' code files go, relative to the work dir: kernelexec's own
         #: folder by default (not left among the user's files); "." for the work dir itself,
         #: as AG2's and autogen-ext's executors do
-        self.code_dir = _check_code_dir(code_dir)
+        self.code_dir = folder_option(code_dir, "code_dir", allow_root=True)
         self.backend = backend or LocalCommand(python=python)
         super().__init__(**options)
         # The environment is read now, when the executor is built, never at import.

@@ -26,13 +26,13 @@ from typing import Any, ClassVar, TypeVar
 from nbformat import NotebookNode
 
 from ._budget import DEFAULT_OUTPUT_LIMIT
-from ._errors import ExecutorClosed, InvalidBlock, InvalidPath, InvalidTimeout, InvalidWorkDir
+from ._errors import ExecutorClosed, InvalidBlock, InvalidTimeout, InvalidWorkDir
 from ._extract import MarkdownCodeExtractor, normalize_language
 from ._files import FileEntry, FileStore, LocalFiles
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
-from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
+from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, folder_option, resolve_inside
 
 OutputCallback = Callable[[NbOutput], None]
 """Receives each output (an nbformat v4 output dict) as it arrives."""
@@ -66,16 +66,6 @@ class PreparedBlock:
     language: str
     index: int
     target: Path | None  # from a first-line ``# filename:``; None means "name it yourself"
-
-
-def _check_outputs_dir(value: str | None) -> str | None:
-    """A folder name inside the work dir (or None), as a block's ``# filename:`` must be."""
-    if value is None:
-        return None
-    parts = Path(value).parts
-    if not parts or Path(value).is_absolute() or ".." in parts or "\x00" in value:
-        raise InvalidPath(f"outputs_dir must be a folder inside the work dir: {value!r}")
-    return Path(value).as_posix()
 
 
 def error_result(message: str, *, language: str, ename: str = "InvalidBlock") -> ExecutionResult:
@@ -176,7 +166,7 @@ class AsyncExecutor(ABC):
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
-            outputs_dir=_check_outputs_dir(outputs_dir),
+            outputs_dir=folder_option(outputs_dir, "outputs_dir"),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:

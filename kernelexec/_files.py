@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._errors import FileTooLarge, InvalidPath
+from ._workdir import check_relative, confine
 
 #: Largest file moved through a remote kernel (bytes); past it, ``FileTooLarge``.
 DEFAULT_TRANSFER_LIMIT = 100 * 1024 * 1024
@@ -49,25 +50,6 @@ class FileStore(Protocol):
     async def read(self, path: str) -> bytes: ...
     async def write(self, path: str, data: bytes) -> None: ...
     async def listing(self, path: str) -> list[FileEntry]: ...
-
-
-def _check_relative(path: str) -> None:
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise InvalidPath(f"invalid path: {path!r}")
-    if os.path.isabs(path) or path.startswith("~"):
-        raise InvalidPath(f"path must be relative to the work dir: {path}")
-
-
-def confine(root: Path, path: str, *, allow_root: bool = False) -> Path:
-    """``path`` resolved under ``root`` (symlinks followed); refuse anything outside it."""
-    _check_relative(path)
-    base = root.resolve()
-    target = (base / path).resolve()
-    if target != base and base not in target.parents:
-        raise InvalidPath(f"path escapes the work dir: {path}")
-    if target == base and not allow_root:
-        raise InvalidPath(f"path names the work dir itself: {path}")
-    return target
 
 
 class LocalFiles:
@@ -195,7 +177,7 @@ class KernelFiles:
         self.limit = limit
 
     async def read(self, path: str) -> bytes:
-        _check_relative(path)
+        check_relative(path)
         size = (await self._op("size", path))["size"]
         self._check_size(path, size)
         chunks = []
@@ -205,7 +187,7 @@ class KernelFiles:
         return b"".join(chunks)
 
     async def write(self, path: str, data: bytes) -> None:
-        _check_relative(path)
+        check_relative(path)
         self._check_size(path, len(data))
         for i, offset in enumerate(range(0, max(len(data), 1), _CHUNK)):
             chunk = base64.b64encode(data[offset : offset + _CHUNK]).decode()
@@ -214,7 +196,7 @@ class KernelFiles:
 
     async def listing(self, path: str) -> list[FileEntry]:
         if path != ".":
-            _check_relative(path)
+            check_relative(path)
         rows = (await self._op("list", path))["entries"]
         return [FileEntry(path=str(p), size=int(s), is_dir=bool(d)) for p, s, d in rows]
 

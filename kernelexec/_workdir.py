@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import InvalidBlock
+from ._errors import InvalidBlock, InvalidPath, KernelExecError
 
 #: kernelexec's own files (spilled output, saved notebooks' scratch) live here
 INTERNAL_DIR = ".kernelexec"
@@ -28,22 +28,59 @@ def filename_from_code(code: str) -> str | None:
     return match.group(1) if match else None
 
 
-def resolve_inside(work_dir: Path, relative: str) -> Path:
-    """Resolve ``relative`` under ``work_dir``; refuse anything that lands outside it.
-
-    Symlinks are resolved, so a link inside the work dir pointing out of it is refused too.
-    """
-    if not relative or "\x00" in relative:
-        raise InvalidBlock(f"invalid filename: {relative!r}")
+def check_relative(
+    relative: str, *, what: str = "path", error: type[KernelExecError] = InvalidPath
+) -> None:
+    """The lexical half of ``confine``, for a work dir on another machine (a gateway kernel)."""
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise error(f"invalid {what}: {relative!r}")
     if os.path.isabs(relative) or relative.startswith("~"):
-        raise InvalidBlock(f"filename must be relative to the work dir: {relative}")
-    root = work_dir.resolve()
-    target = (root / relative).resolve()
-    if target != root and root not in target.parents:
-        raise InvalidBlock(f"filename escapes the work dir: {relative}")
-    if target == root:
-        raise InvalidBlock(f"filename names the work dir itself: {relative}")
+        raise error(f"{what} must be relative to the work dir: {relative}")
+
+
+def confine(
+    root: Path,
+    relative: str,
+    *,
+    what: str = "path",
+    error: type[KernelExecError] = InvalidPath,
+    allow_root: bool = False,
+) -> Path:
+    """``relative`` resolved under ``root``; refuse anything that lands outside it.
+
+    The one check behind every path a caller names inside a work dir (a block's
+    ``# filename:``, the files API, the MCP tools). Symlinks are resolved, so a link inside the
+    work dir pointing out of it is refused too. ``what`` and ``error`` only shape the message.
+    """
+    check_relative(relative, what=what, error=error)
+    base = root.resolve()
+    target = (base / relative).resolve()
+    if target != base and base not in target.parents:
+        raise error(f"{what} escapes the work dir: {relative}")
+    if target == base and not allow_root:
+        raise error(f"{what} names the work dir itself: {relative}")
     return target
+
+
+def resolve_inside(work_dir: Path, relative: str) -> Path:
+    """Where a block's ``# filename:`` points, or ``InvalidBlock``."""
+    return confine(work_dir, relative, what="filename", error=InvalidBlock)
+
+
+def folder_option(value: str | None, what: str, *, allow_root: bool = False) -> str | None:
+    """A folder option naming a place inside the work dir (checked before the dir exists).
+
+    Lexical only: the work dir may not exist yet when an executor is built; the paths written
+    there later go through ``confine``.
+    """
+    if value is None:
+        return None
+    path = Path(value)
+    if "\x00" in value or path.is_absolute() or value.startswith("~") or ".." in path.parts:
+        raise InvalidPath(f"{what} must be a folder inside the work dir: {value!r}")
+    if not path.parts and not allow_root:
+        raise InvalidPath(f"{what} must be a folder inside the work dir: {value!r}")
+    return path.as_posix() if path.parts else value
 
 
 @dataclass(frozen=True)

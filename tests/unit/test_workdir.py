@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from kernelexec import InvalidBlock
-from kernelexec._workdir import INTERNAL_DIR, Snapshot, filename_from_code, resolve_inside
+from kernelexec import InvalidBlock, InvalidPath
+from kernelexec._workdir import (
+    INTERNAL_DIR,
+    Snapshot,
+    confine,
+    filename_from_code,
+    folder_option,
+    resolve_inside,
+)
 
 
 @pytest.mark.parametrize(
@@ -106,3 +113,25 @@ def test_snapshot_skips_internal_files_caches_and_symlinks(tmp_path: Path) -> No
 
 def test_snapshot_of_missing_dir_is_empty(tmp_path: Path) -> None:
     assert Snapshot.take(tmp_path / "missing").entries == {}
+
+
+@pytest.mark.parametrize("value", ["../out", "/abs/out", "~/out", "a/../../b", "x\x00y", ""])
+def test_folder_option_refuses_places_outside_the_work_dir(value: str) -> None:
+    with pytest.raises(InvalidPath, match="must be a folder inside the work dir"):
+        folder_option(value, "outputs_dir")
+
+
+def test_folder_option_accepts_folders_and_the_root_only_when_asked() -> None:
+    assert folder_option(None, "code_dir") is None
+    assert folder_option("a/b/", "outputs_dir") == "a/b"
+    assert folder_option(".", "code_dir", allow_root=True) == "."
+    with pytest.raises(InvalidPath):
+        folder_option(".", "outputs_dir")
+
+
+def test_confine_names_what_was_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidPath, match=r"^path escapes the work dir"):
+        confine(tmp_path, "../x")
+    assert confine(tmp_path, ".", allow_root=True) == tmp_path.resolve()
+    with pytest.raises(InvalidBlock, match=r"^filename names the work dir itself"):
+        resolve_inside(tmp_path, ".")
