@@ -28,6 +28,15 @@ _kx_docker_stop() {
         kill -KILL "$_KX_DOCKERD_PID" 2>/dev/null || true
     fi
     _KX_DOCKERD_PID=""
+    if [ -n "$_KX_CONTAINERD_PID" ] && kill -0 "$_KX_CONTAINERD_PID" 2>/dev/null; then
+        kill -TERM "$_KX_CONTAINERD_PID" 2>/dev/null || true
+        for _ in $(seq 1 100); do
+            kill -0 "$_KX_CONTAINERD_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$_KX_CONTAINERD_PID" 2>/dev/null || true
+    fi
+    _KX_CONTAINERD_PID=""
 }
 
 # A machine restored from a snapshot can carry the last engine's pid files: dockerd then trusts
@@ -53,25 +62,60 @@ _kx_docker_clear_stale() {
     fi
 }
 
+# containerd is started on its own, before dockerd, with a generous wait: a dockerd that starts
+# its own containerd gives it 15 s to answer, and a cold CI machine once took longer ("failed
+# to start containerd: timeout waiting for containerd to start", CI exit 1 after 46 s).
+_KX_CONTAINERD_PID=""
+_KX_CONTAINERD_SOCK=/run/containerd/containerd.sock
+_KX_CONTAINERD_LOG="${TMPDIR:-/tmp}/kernelexec-containerd.log"
+
+_kx_containerd_start() {
+    if [ -S "$_KX_CONTAINERD_SOCK" ] && ctr --address "$_KX_CONTAINERD_SOCK" version >/dev/null 2>&1; then
+        return 0
+    fi
+    rm -f "$_KX_CONTAINERD_SOCK" "$_KX_CONTAINERD_SOCK.ttrpc"
+    echo "docker.sh: starting containerd (log: $_KX_CONTAINERD_LOG)"
+    containerd --address "$_KX_CONTAINERD_SOCK" >"$_KX_CONTAINERD_LOG" 2>&1 &
+    _KX_CONTAINERD_PID=$!
+    for _ in $(seq 1 240); do
+        if ctr --address "$_KX_CONTAINERD_SOCK" version >/dev/null 2>&1; then
+            echo "docker.sh: containerd answers"
+            return 0
+        fi
+        if ! kill -0 "$_KX_CONTAINERD_PID" 2>/dev/null; then
+            echo "docker.sh: containerd exited; last log lines:" >&2
+            tail -n 20 "$_KX_CONTAINERD_LOG" >&2
+            _KX_CONTAINERD_PID=""
+            return 1
+        fi
+        sleep 0.5
+    done
+    echo "docker.sh: containerd did not answer within 120 s; last log lines:" >&2
+    tail -n 20 "$_KX_CONTAINERD_LOG" >&2
+    return 1
+}
+
 _kx_dockerd_start() {
     _kx_docker_clear_stale
+    _kx_containerd_start || return 1
     echo "docker.sh: starting dockerd (log: $_KX_DOCKERD_LOG)"
-    dockerd >"$_KX_DOCKERD_LOG" 2>&1 &
+    dockerd --containerd="$_KX_CONTAINERD_SOCK" >"$_KX_DOCKERD_LOG" 2>&1 &
     _KX_DOCKERD_PID=$!
-    for _ in $(seq 1 120); do
+    for _ in $(seq 1 240); do
         if _kx_docker_answers; then
             echo "docker.sh: dockerd answers"
             return 0
         fi
         if ! kill -0 "$_KX_DOCKERD_PID" 2>/dev/null; then
-            echo "docker.sh: dockerd exited; last log lines:" >&2
+            echo "docker.sh: dockerd exited; its errors and last log lines:" >&2
+            grep -E 'level=(error|fatal)' "$_KX_DOCKERD_LOG" | tail -n 10 >&2
             tail -n 20 "$_KX_DOCKERD_LOG" >&2
             _KX_DOCKERD_PID=""
             return 1
         fi
         sleep 0.5
     done
-    echo "docker.sh: dockerd did not answer within 60 s" >&2
+    echo "docker.sh: dockerd did not answer within 120 s" >&2
     _kx_docker_stop
     return 1
 }
