@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -395,7 +396,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     # The transcript is always kept: in the work dir (a new folder when none is given).
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="kernelexec-chat-")).absolute()
     notebook = args.notebook or str(work / "chat.ipynb")
-    model = OpenAIChatModel(args.model, base_url=args.base_url)
+    try:
+        # Built inside the try: with no key and no --base-url, openai refuses at construction.
+        model = OpenAIChatModel(args.model, base_url=args.base_url)
+    except Exception as exc:
+        return _say_model_problem(exc, args.base_url)
     try:
         with _executor_from(args, work_dir=work) as executor:
             chat = run_chat(
@@ -409,11 +414,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 on_turn=_print_turn,
             )
     except Exception as exc:
-        problem = _model_problem(exc, args.base_url)
-        if problem is None:
-            raise
-        print(f"kernelexec: {problem}", file=sys.stderr)
-        return 2
+        return _say_model_problem(exc, args.base_url)
     finally:
         model.close()
     print(f"Transcript saved to {chat.notebook_path}")
@@ -423,11 +424,22 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_model_problem(exc: BaseException, base_url: str | None) -> int:
+    """Print the one line for a model problem (exit status 2); anything else propagates."""
+    problem = _model_problem(exc, base_url)
+    if problem is None:
+        raise exc
+    print(f"kernelexec: {problem}", file=sys.stderr)
+    return 2
+
+
 def _model_problem(exc: BaseException, base_url: str | None) -> str | None:
     """One line for a model server that cannot be reached or refuses us (None: not that)."""
     import openai
 
     where = base_url or "the OpenAI API"
+    if base_url is None and not os.environ.get("OPENAI_API_KEY"):
+        return "no API key for the OpenAI API: set OPENAI_API_KEY, or give --base-url for a local server"
     if isinstance(exc, openai.AuthenticationError):
         return f"{where} refused the API key (set OPENAI_API_KEY): {exc.message}"
     if isinstance(exc, openai.APIConnectionError):

@@ -152,7 +152,7 @@ class LocalKernel(KernelBackend):
         self._tracker: _BlockTracker | None = None
         self._kernel_pid: int | None = None  # under the subreaper helper, once known
         #: the jail's processes when the running block started (None: no block runs)
-        self._block_pids: set[int] | None = None
+        self._block_pids: set[_containment.Member] | None = None
         self._km: AsyncKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._pgid: int | None = None
@@ -166,8 +166,8 @@ class LocalKernel(KernelBackend):
             raise KernelStartFailed("the kernel is not running")
         return self._tracker
 
-    def _jail_pids(self) -> set[int]:
-        return set() if self._jail is None else self._jail.pids()
+    def _jail_pids(self) -> set[_containment.Member]:
+        return set() if self._jail is None else self._jail.members()
 
     @property
     def pid(self) -> int | None:
@@ -285,7 +285,7 @@ class LocalKernel(KernelBackend):
                 await self._km.interrupt_kernel()
         before = self._block_pids
         if before is not None and self._jail is not None:
-            _containment.kill_pids(self._jail.pids() - before - {self._launched_pid(), self.pid})
+            self._jail.kill_new(before, spare=(self._launched_pid(), self.pid))
 
     async def restart(self, *, timeout: float) -> None:
         # A fresh manager and client, not jupyter_client's in-place restart: no stale messages

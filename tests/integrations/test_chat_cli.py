@@ -4,6 +4,7 @@ that is down or refuses the key reported in one line (no traceback)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -96,3 +97,19 @@ def test_transcript_is_saved_in_the_work_dir_by_default(tmp_path: Path) -> None:
     assert any(
         "42" in o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
     )
+
+
+def test_no_key_and_no_server_is_one_clear_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    command = [sys.executable, "-m", "kernelexec", "chat", "What is 6 * 7?", "--model", "m"]
+    proc = subprocess.run(
+        [*command, "--yes", "--executor", "command"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "set OPENAI_API_KEY" in lines[0], proc.stderr

@@ -9,6 +9,8 @@ processes, not those of earlier blocks.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +89,52 @@ def test_restart_and_close_leave_nothing_running(
     finally:
         for pidfile in [*pidfiles.values(), *timed_out.values()]:
             kill_leftover(pidfile)
+
+
+FORKING = """
+import os, pathlib, subprocess, sys, time
+folder = pathlib.Path({folder!r})
+loop = '''
+import os, pathlib, time
+folder = pathlib.Path({folder!r})
+(folder / str(os.getpid())).write_text("")
+for _ in range(400):  # bounded: a fork loop, not a fork bomb, if containment ever failed
+    if os.fork() == 0:
+        (folder / str(os.getpid())).write_text("")
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.02)
+time.sleep(60)
+'''
+subprocess.Popen([sys.executable, "-c", loop], start_new_session=True)
+while len(list(folder.iterdir())) < 20:
+    time.sleep(0.01)
+print("forking", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_timed_out_block_that_keeps_forking_loses_every_process(
+    ex: KernelExecutor, mechanism: str, tmp_path: Path
+) -> None:
+    """The interrupt's kill goes on until the block has no process left, even while a detached
+    child of the block is forking new ones; the kernel's state stays."""
+    folder = tmp_path / "forks"
+    folder.mkdir()
+    ex.execute("kept = 7")
+    try:
+        result = ex.execute(FORKING.format(folder=str(folder)), timeout=3)
+        assert result.timed_out and "state were kept" in result.output, result.output
+        pids = [int(p.name) for p in folder.iterdir()]
+        assert len(pids) >= 20
+        survivors = [pid for pid in pids if not gone_within(pid)]
+        assert survivors == [], f"{len(survivors)} of {len(pids)} outlived the timeout"
+        count = len(list(folder.iterdir()))
+        time.sleep(0.5)  # nothing left to fork more
+        assert len(list(folder.iterdir())) == count, f"forks went on under {mechanism}"
+        assert ex.execute("print(kept)").output == "7\n"
+    finally:
+        for pidfile in folder.iterdir():
+            if running(int(pidfile.name)):
+                os.kill(int(pidfile.name), 9)
