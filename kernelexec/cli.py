@@ -439,7 +439,7 @@ def _model_problem(exc: BaseException, base_url: str | None) -> str | None:
 
     where = base_url or "the OpenAI API"
     if base_url is None and not os.environ.get("OPENAI_API_KEY"):
-        return "no API key for the OpenAI API: set OPENAI_API_KEY, or give --base-url for a local server"
+        return "no API key for the OpenAI API: set OPENAI_API_KEY, or --base-url for a local server"
     if isinstance(exc, openai.AuthenticationError):
         return f"{where} refused the API key (set OPENAI_API_KEY): {exc.message}"
     if isinstance(exc, openai.APIConnectionError):
