@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -254,8 +255,15 @@ def _gateway_server(ctx: BenchContext) -> Iterator[Any]:
         "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}",
         "--JupyterWebsocketPersonality.list_kernels=True",
     ]  # fmt: skip
+    # Its kernels run in the gateway's working directory: a folder of its own, not the
+    # caller's (a plots block once left by_category.png in the checkout).
+    home = tempfile.TemporaryDirectory(prefix="kernelexec-bench-kg-")
     server = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=home.name,
     )
     try:
         _wait_for_http(f"http://127.0.0.1:{port}/api", token, server, timeout=60)
@@ -267,6 +275,7 @@ def _gateway_server(ctx: BenchContext) -> Iterator[Any]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        home.cleanup()
 
 
 def _wait_for_http(url: str, token: str, server: subprocess.Popen[bytes], timeout: float) -> None:

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 TICKS = """```python
 import time
 print("tick 0", flush=True)
@@ -40,9 +42,10 @@ def _run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_output_is_shown_while_the_block_runs() -> None:
+@pytest.mark.parametrize("executor", ["command", pytest.param("kernel", marks=pytest.mark.kernel)])
+def test_output_is_shown_while_the_block_runs(executor: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelexec", "run", "-", "--executor", "command"],
+        [sys.executable, "-m", "kernelexec", "run", "-", "--executor", executor],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -106,3 +109,12 @@ def test_help_lists_the_executors_and_examples() -> None:
         for name in ("kernel", "command", "docker-kernel", "docker-command", "gateway"):
             assert f"\n  {name} " in out
         assert "examples:" in out and "kernelexec run message.md" in out
+
+
+def test_a_block_after_a_timed_out_one_is_not_run_and_says_why(tmp_path: Path) -> None:
+    blocks = '```python\nprint("start")\n```\n```python\nimport time; time.sleep(30)\n```\n'
+    blocks += '```python\nprint("never")\n```'
+    proc = _run("--work-dir", str(tmp_path), "--timeout", "2", stdin=blocks)
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert "block 3 of 3 not run: block 2 timed out" in proc.stdout
+    assert "never" not in proc.stdout

@@ -112,7 +112,12 @@ def test_matplotlib_figures_are_captured(ex: KernelExecutor) -> None:
         assert p.parent == ex.work_dir / "outputs"
     assert "image/png saved to outputs/" in r.output
     assert "iVBOR" not in r.output
+    # The image's text form (<Figure size 640x480 with 1 Axes>) is noise beside the saved file.
+    assert "<Figure size" not in r.output, r.output
+    assert any("<Figure size" in str(o.get("data", {})) for o in r.outputs)  # kept in outputs
     assert_valid_outputs(r.outputs)
+    last = ex.execute("fig = plt.figure(); fig.gca().plot([1, 2]); fig")
+    assert "<Figure size" not in last.output and "saved to outputs/" in last.output, last.output
 
 
 def test_rich_mime_types_are_saved_with_deterministic_names(ex: KernelExecutor) -> None:
