@@ -118,6 +118,10 @@ class _PooledBackend(KernelBackend):
     def __init__(self, inner: KernelBackend, pool: AsyncKernelPool) -> None:
         self.inner = inner
         self.kind = inner.kind
+        # What the executor asks of its back end is the inner one's: a pooled Docker or gateway
+        # kernel gets no host environment, and a gateway's files still go through its kernel.
+        self.inherits_host_env = inner.inherits_host_env
+        self.shares_work_dir = inner.shares_work_dir
         self._pool = pool
         self._shut = False
 

@@ -61,6 +61,12 @@ def add_mcp_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     remote.add_argument("--remote", metavar="URL", help="the Kernel / Enterprise Gateway's URL")
     remote.add_argument("--remote-token", help="the gateway's token")
     remote.add_argument("--remote-user", metavar="NAME", help="sent as KERNEL_USERNAME")
+    remote.add_argument(
+        "--remote-working-dir",
+        metavar="DIR",
+        help="the kernels' folder on the gateway's machine (shared by every session; default: "
+        "each session's work dir path, which a gateway on another machine may not have)",
+    )
     mcp.set_defaults(func=cmd_mcp)
 
 
@@ -75,6 +81,8 @@ def _hub_options(args: argparse.Namespace) -> Any:
             raise SystemExit("kernelexec: --remote runs a gateway kernel; drop --executor")
         args.executor = "gateway"
         extra.update(url=args.remote, token=args.remote_token, user=args.remote_user)
+        if args.remote_working_dir:
+            extra["working_dir"] = args.remote_working_dir
     elif args.executor == "gateway":
         raise SystemExit("kernelexec: the gateway executor needs --remote URL")
     return HubOptions(

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 POOLED = ("kernel", "docker-kernel", "gateway")
 #: where a session's notebook is written (inside its work dir)
 NOTEBOOK_NAME = "session.ipynb"
+#: list_files gives at most this many files
+_MAX_LISTED = 1000
 #: how long a block gets to end after the interrupt sent when its caller left
 _STOP_GRACE = 10.0
 
@@ -46,8 +48,9 @@ class HubOptions:
     """What the server runs blocks in, and its limits.
 
     ``executor`` is a registry name; ``executor_options`` are its options (``image=`` for
-    Docker, ``url=`` / ``token=`` / ``user=`` for a gateway). ``warm`` kernels are kept started
-    ahead of use (kernel executors only). ``timeout`` is a block's default limit.
+    Docker, ``url=`` / ``token=`` / ``user=`` / ``working_dir=`` for a gateway). ``warm``
+    kernels are kept started ahead of use (kernel executors only). ``timeout`` is a block's
+    default limit.
     """
 
     executor: str = "kernel"
@@ -101,7 +104,8 @@ def _backend_factory(name: str, options: dict[str, Any]) -> Callable[[], KernelB
 
     url = options.pop("url")
     token, user = options.pop("token", None), options.pop("user", None)
-    return lambda: GatewayKernel(url, token=token, username=user)
+    working_dir = options.pop("working_dir", None)
+    return lambda: GatewayKernel(url, token=token, username=user, working_dir=working_dir)
 
 
 class Hub:
@@ -332,6 +336,45 @@ class Hub:
             self._save_notebook(record)
         return target
 
+    def remote_files(self, name: str, relative: str) -> bool:
+        """Whether ``relative`` of session ``name`` lives with a kernel that does not share
+        this host's disk (a gateway's): then files go through the kernel. The session notebook
+        is the server's own, always here."""
+        target = self.path(name, relative)
+        if target.name == NOTEBOOK_NAME and target.parent == self.path(name, "."):
+            return False
+        backend = getattr(self.record(name).executor, "backend", None)
+        return not getattr(backend, "shares_work_dir", True)
+
+    async def write_file(self, name: str, relative: str, data: bytes) -> None:
+        """Write a file into the session's work dir, wherever its kernel has it."""
+        target = self.path(name, relative)  # the same refusals either way
+        if self.remote_files(name, relative):
+            await self.record(name).executor.write_file(relative, data)
+            return
+        await asyncio.to_thread(_write_here, target, data)
+
+    async def read_remote(self, name: str, relative: str) -> bytes:
+        """A file of a session whose kernel keeps its files (through the kernel, size-limited)."""
+        self.path(name, relative)
+        return await self.record(name).executor.read_file(relative)
+
+    async def list_files_async(self, name: str, relative: str = ".") -> list[dict[str, Any]]:
+        """``list_files``, through the kernel when the session's files live there."""
+        if not self.remote_files(name, relative):
+            return self.list_files(name, relative)
+        self.path(name, relative)
+        executor = self.record(name).executor
+        entries: list[dict[str, Any]] = []
+        folders = [relative]
+        while folders and len(entries) < _MAX_LISTED:
+            for entry in await executor.list_files(folders.pop(0)):
+                if entry.is_dir:
+                    folders.append(entry.path)
+                elif INTERNAL_DIR not in Path(entry.path).parts:
+                    entries.append({"path": entry.path, "size": entry.size})
+        return sorted(entries, key=lambda e: str(e["path"]))[:_MAX_LISTED]
+
     def list_files(self, name: str, relative: str = ".") -> list[dict[str, Any]]:
         record = self.record(name)
         self._save_notebook(record)
@@ -345,7 +388,7 @@ class Hub:
             if INTERNAL_DIR in rel.parts or not path.is_file():
                 continue
             entries.append({"path": rel.as_posix(), "size": path.stat().st_size})
-            if len(entries) >= 1000:
+            if len(entries) >= _MAX_LISTED:
                 break
         return entries
 
@@ -354,3 +397,8 @@ class Hub:
         if record.notebook_dirty and not record.executor.closed:
             record.executor.save_notebook(record.executor.work_dir / NOTEBOOK_NAME)
             record.notebook_dirty = False
+
+
+def _write_here(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import contextlib
 import hmac
 import json
@@ -92,6 +93,27 @@ def result_content(result: ExecutionResult, work_dir: Path) -> list[ContentBlock
             continue
         blocks.append(_link(path, work_dir, size))
     return blocks
+
+
+def _utf8_head(raw: bytes, *, cut: bool) -> str:
+    """``raw`` as UTF-8 text; when the read was ``cut`` short, a character cut in two at its
+    end is left out rather than calling the whole file binary."""
+    return codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
+
+
+def _remote_file_content(path: str, data: bytes) -> CallToolResult:
+    """read_file's answer for a file that came through the kernel (no local path to link)."""
+    mime = _IMAGE_TYPES.get(Path(path).suffix.lower())
+    if mime is not None and len(data) <= MAX_INLINE_IMAGE:
+        encoded = base64.b64encode(data).decode("ascii")
+        return CallToolResult(content=[ImageContent(type="image", data=encoded, mime_type=mime)])
+    try:
+        text = _utf8_head(data[:MAX_READ], cut=len(data) > MAX_READ)
+    except UnicodeDecodeError:
+        return _text(f"{path} is binary ({len(data)} bytes); it lives with the remote kernel.")
+    if len(data) > MAX_READ:
+        text += f"\n[... truncated: the file has {len(data)} bytes; read the first {MAX_READ}]"
+    return _text(text)
 
 
 def _link(path: Path, work_dir: Path, size: int) -> ResourceLink:
@@ -261,9 +283,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
             else:
                 raise ValueError("encoding must be 'utf-8' or 'base64'")
             await hub.open(session)
-            target = hub.path(session, path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            await hub.write_file(session, path, data)
             return _text(f"Wrote {len(data)} bytes to {path} in session {session!r}.")
 
         return await _tool_errors(call())
@@ -274,6 +294,8 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
 
         async def call() -> CallToolResult:
             target = hub.path(session, path)
+            if hub.remote_files(session, path):
+                return _remote_file_content(path, await hub.read_remote(session, path))
             if not target.is_file():
                 raise ValueError(f"no such file in the work dir: {path}")
             size = target.stat().st_size
@@ -286,7 +308,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
             with target.open("rb") as handle:
                 raw = handle.read(MAX_READ)
             try:
-                text = raw.decode("utf-8")
+                text = _utf8_head(raw, cut=size > MAX_READ)
             except UnicodeDecodeError:
                 link = _link(target, hub.path(session, "."), size)
                 note = TextContent(type="text", text=f"{path} is binary ({size} bytes).")
@@ -302,7 +324,8 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         """The files under a folder of a session's work dir (recursive), with their sizes."""
 
         async def call() -> CallToolResult:
-            return _text(json.dumps({"files": hub.list_files(session, path)}, indent=1))
+            files = await hub.list_files_async(session, path)
+            return _text(json.dumps({"files": files}, indent=1))
 
         return await _tool_errors(call())
 

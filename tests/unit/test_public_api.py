@@ -127,3 +127,17 @@ def test_lazy_names_resolve_to_their_defining_module() -> None:
 
     with pytest.raises(AttributeError):
         _ = kernelexec.NoSuchName  # type: ignore[attr-defined]
+
+
+def test_a_pooled_back_end_says_what_its_inner_one_says() -> None:
+    """Env inheritance and disk sharing are the inner back end's (a pooled gateway kernel's
+    files go through the kernel; a pooled Docker kernel gets no host environment)."""
+    from kernelexec.backends.docker_kernel import DockerKernel
+    from kernelexec.backends.gateway_kernel import GatewayKernel
+    from kernelexec.pool import AsyncKernelPool, _PooledBackend
+
+    pool = AsyncKernelPool()
+    for inner in (DockerKernel(), GatewayKernel("http://127.0.0.1:1")):
+        wrapped = _PooledBackend(inner, pool)
+        assert wrapped.inherits_host_env is False
+        assert wrapped.shares_work_dir is inner.shares_work_dir
