@@ -164,6 +164,12 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         self._executor = executor if executor is not None else self._build()
         if executor is not None:
             self._config = _config_of(executor, cleanup_temp_files, raise_on_timeout)
+        elif python is not None:
+            # A relative python= is the caller's now: a rebuild after stop() or a loaded
+            # component must not read it against another current directory.
+            resolved = _python_of(self._executor)
+            if resolved is not None:
+                self._config.python = resolved
 
     @property
     def executor(self) -> AsyncExecutor:
@@ -393,16 +399,22 @@ def _config_of(
     kind = executor.kind
     if label.startswith("docker-"):
         kind = label
-    python = getattr(executor, "python", None)
-    if python is None:
-        with contextlib.suppress(AttributeError):
-            python = executor.backend.python  # type: ignore[attr-defined]
+    python = _python_of(executor)
     owns_dir = getattr(executor, "_owns_work_dir", False)
     return KernelExecCodeExecutorConfig(
         kind=kind,
         work_dir=None if owns_dir else str(executor.work_dir),
         timeout=executor.timeout,
-        python=None if python is None else str(python),
+        python=python,
         cleanup_temp_files=cleanup,
         raise_on_timeout=raise_on_timeout,
     )
+
+
+def _python_of(executor: AsyncExecutor) -> str | None:
+    """The interpreter ``executor`` runs, as its back end resolved it (an absolute path)."""
+    python = getattr(executor, "python", None)
+    if python is None:
+        with contextlib.suppress(AttributeError):
+            python = executor.backend.python  # type: ignore[attr-defined]
+    return None if python is None else str(python)

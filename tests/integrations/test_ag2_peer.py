@@ -4,7 +4,9 @@ installed next to it."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,29 @@ def test_timeout_and_work_dir_as_given_as_ag2(
             [CodeBlock(code="import os; print(os.getcwd())", language="python")]
         )
     assert result.output.strip() == str(tmp_path / "coding")
+
+
+# -- 14.8: a relative python= / virtualenv path is the caller's ------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", ["interpreter", "virtualenv"])
+def test_relative_python_is_resolved_against_the_callers_cwd(
+    kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
+    assert not os.path.isabs(relative)
+    block = [CodeBlock(code="import sys\nprint(sys.prefix)", language="python")]
+    with AG2CodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "deep" / "work") as ours:
+        monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
+        result = ours.execute_code_blocks(block)
+        ours.restart()
+        again = ours.execute_code_blocks(block)
+    assert result.exit_code == again.exit_code == 0, (result.output, again.output)
+    assert result.output.strip() == again.output.strip() == sys.prefix
 
 
 # -- 14.6: pip quietened -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -173,6 +174,45 @@ def test_cancel_ends_the_block_and_returns_at_once(kind: str, tmp_path: Path) ->
 @pytest.mark.parametrize("kind", ["docker-command", "docker-kernel"])
 def test_cancel_ends_the_block_in_docker(kind: str, tmp_path: Path, docker_ready: None) -> None:
     _cancel_and_check(kind, tmp_path)
+
+
+# -- 14.8: a relative python= / virtualenv path is the caller's ------------------------------
+
+
+@pytest.mark.parametrize("kind", ["command", "kernel"])
+@pytest.mark.parametrize("form", ["interpreter", "virtualenv"])
+def test_relative_python_is_resolved_against_the_callers_cwd(
+    kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
+    assert not os.path.isabs(relative)
+    code = py("import sys\nprint(sys.prefix)")
+    adapter = KernelExecCodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "d" / "w")
+    monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
+
+    async def go() -> list[str]:
+        outputs = []
+        for _ in range(2):  # started, stopped and started again (the executor is rebuilt)
+            async with adapter:
+                result = await adapter.execute_code_blocks(code, CancellationToken())
+                outputs.append(result.output)
+                await adapter.restart()
+                result = await adapter.execute_code_blocks(code, CancellationToken())
+                outputs.append(result.output)
+        return outputs
+
+    assert [o.strip() for o in run(go)] == [sys.prefix] * 4
+    loaded = CodeExecutor.load_component(adapter.dump_component())
+    assert isinstance(loaded, KernelExecCodeExecutor)
+    assert [o.strip() for o in run(lambda: _run_once(loaded, code))] == [sys.prefix]
+
+
+async def _run_once(adapter: KernelExecCodeExecutor, code: list[CodeBlock]) -> list[str]:
+    async with adapter:
+        return [(await adapter.execute_code_blocks(code, CancellationToken())).output]
 
 
 # -- 14.13: HTML to output_files, no extra text line ------------------------------------------
