@@ -215,6 +215,55 @@ async def _run_once(adapter: KernelExecCodeExecutor, code: list[CodeBlock]) -> l
         return [(await adapter.execute_code_blocks(code, CancellationToken())).output]
 
 
+# -- 14.12 / 14.13: a traceback's text, one file per image, side by side with the peer --------
+
+
+async def side_by_side(code: list[CodeBlock], tmp_path: Path) -> tuple[Any, Any]:
+    async with JupyterCodeExecutor(output_dir=tmp_path / "peer") as peer:
+        theirs = await peer.execute_code_blocks(code, CancellationToken())
+    async with KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "ours") as adapter:
+        return theirs, await adapter.execute_code_blocks(code, CancellationToken())
+
+
+@pytest.mark.slow
+def test_traceback_text_as_jupyter_code_executor(tmp_path: Path) -> None:
+    # Blank lines in the source and between frames, and colours: Jupyter's text, ANSI-free.
+    code = py("def f():\n\n    raise ValueError('boom')\n\nprint('before')\nf()")
+    theirs, ours = run(lambda: side_by_side(code, tmp_path))
+    assert ours.exit_code == theirs.exit_code == 1
+    dashes = "-" * 75
+    traceback = ours.output[ours.output.index(dashes) :]
+    assert traceback == theirs.output[theirs.output.index(dashes) :]
+    assert "\x1b" not in ours.output and "ValueError: boom" in traceback
+    assert "\n\nCell In[1], line 3, in f()" in traceback  # the blank line between frames
+    assert "      2 \n      3     raise" in traceback  # the block's blank line, numbered
+    # What differs: the peer joins outputs with a newline, so a blank line follows the
+    # printed text; kernelexec starts the traceback on the next line (the README's table).
+    assert theirs.output == f"before\n\n{traceback}"
+    assert ours.output == f"before\n{traceback}"
+
+
+@pytest.mark.slow
+def test_an_image_displayed_once_is_one_file_as_jupyter_code_executor(tmp_path: Path) -> None:
+    # PIL's image has png and jpeg forms: one file (the png), as the peer saves.
+    code = py(
+        "from PIL import Image\nfrom IPython.display import display\n"
+        "display(Image.new('RGB', (4, 4), 'red'))\nprint('after')"
+    )
+    theirs, ours = run(lambda: side_by_side(code, tmp_path))
+    assert ours.exit_code == theirs.exit_code == 0
+    assert [Path(f).suffix for f in ours.output_files] == [".png"]
+    assert [Path(f).suffix for f in theirs.output_files] == [".png"]
+    assert Path(ours.output_files[0]).read_bytes() == Path(theirs.output_files[0]).read_bytes()
+    # What differs: kernelexec drops an image's bare repr from the text (the README's table).
+    bare_repr = "<PIL.Image.Image image mode=RGB size=4x4>"
+    assert theirs.output == f"{bare_repr}\nafter\n"
+    assert ours.output == "after\n"
+    assert ours.result is not None  # every form stays in the outputs
+    [shown] = [o for o in ours.result.outputs if o.get("output_type") == "display_data"]
+    assert {"image/png", "image/jpeg", "text/plain"} <= set(shown["data"])
+
+
 # -- 14.13: HTML to output_files, no extra text line ------------------------------------------
 
 
