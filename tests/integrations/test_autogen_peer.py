@@ -327,10 +327,50 @@ def test_a_failure_to_delete_is_logged(tmp_path: Path, caplog: pytest.LogCapture
     assert any("Failed to delete" in r.getMessage() for r in caplog.records)
 
 
-def test_output_dir_is_a_deprecated_alias_of_work_dir(tmp_path: Path) -> None:
-    with pytest.warns(DeprecationWarning, match="output_dir"):
-        ours = KernelExecCodeExecutor(kind="kernel", output_dir=tmp_path / "out")
-    assert ours.work_dir == ours.output_dir == tmp_path / "out"
+IMAGE = (
+    "from PIL import Image\nfrom IPython.display import display\ndisplay(Image.new('RGB', (2, 2)))"
+)
+
+
+def test_output_dir_is_where_files_go_not_deprecated_as_jupyter_code_executor(
+    tmp_path: Path,
+) -> None:
+    # autogen-ext 0.7.5: JupyterCodeExecutor's own argument, with no warning of its own.
+    async def both() -> tuple[Any, Any, Any, Any]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            peer = JupyterCodeExecutor(output_dir=tmp_path / "peer")
+            alone = KernelExecCodeExecutor(kind="kernel", output_dir=tmp_path / "alone")
+            inside = KernelExecCodeExecutor(
+                kind="kernel", work_dir=tmp_path / "w", output_dir=tmp_path / "w" / "figs"
+            )
+            assert peer.output_dir == tmp_path / "peer"
+            assert alone.output_dir == tmp_path / "alone"
+            assert inside.output_dir == tmp_path / "w" / "figs"
+        results = []
+        for executor in (peer, alone, inside):
+            async with executor:
+                results.append(await executor.execute_code_blocks(py(IMAGE), CancellationToken()))
+        return (*results, inside.dump_component().config)
+
+    theirs, alone, inside, config = run(both)
+    assert Path(theirs.output_files[0]).parent == tmp_path / "peer"
+    assert Path(alone.output_files[0]).is_relative_to(tmp_path / "alone")
+    assert Path(inside.output_files[0]).parent == tmp_path / "w" / "figs"
+    assert config["options"] == {"outputs_dir": "figs"}
+    with pytest.raises(ValueError, match="inside work_dir"):
+        KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "w", output_dir=tmp_path)
+
+
+def test_current_directory_as_output_dir_warns_as_jupyter_code_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    peer = JupyterCodeExecutor(output_dir=".")
+    ours = KernelExecCodeExecutor(kind="kernel", output_dir=".")
+    for executor in (peer, ours):
+        with pytest.warns(DeprecationWarning, match="current directory as output_dir"):
+            assert executor.output_dir == Path(".")
     run(ours.stop)
 
 
