@@ -42,7 +42,13 @@ from .._extract import _content_text as content_text
 from .._types import CodeBlock as NativeBlock
 from .._types import ExecutionResult
 from .._workdir import filename_from_code, resolve_inside
-from ._common import as_peers_do, docker_peer_options, make_executor, missing_framework
+from ._common import (
+    as_peers_do,
+    docker_peer_options,
+    make_executor,
+    missing_framework,
+    quiet_pip,
+)
 
 try:
     from autogen.coding.base import CodeBlock, CodeResult
@@ -75,21 +81,6 @@ _FIRST_LINE_NAME = (
     re.compile(r"^// (?:filename:)?(.+)$"),
     re.compile(r"^# (?:filename:)?(.+)$"),
 )
-# pip lines AG2 quietens with -qqq: "!pip install" / "! pip install" in Python (IPython) code,
-# "pip install" at the start of a shell line; kernelexec also quietens %pip and python -m pip.
-_PIP_IN_PYTHON = re.compile(r"^\s*(?:!\s?|%)pip3? install\b")
-_PIP_IN_SHELL = re.compile(r"^\s*(?:python3? -m )?pip3? install\b")
-
-
-def quiet_pip(code: str, python: bool) -> str:
-    """``code`` with ``-qqq`` added to each ``pip install`` line that lacks it, as AG2 does."""
-    pattern = _PIP_IN_PYTHON if python else _PIP_IN_SHELL
-    lines = code.split("\n")
-    for i, line in enumerate(lines):
-        match = pattern.match(line)
-        if match and "-qqq" not in line:
-            lines[i] = f"{match.group(0)} -qqq{line[match.end() :]}"
-    return "\n".join(lines)
 
 
 def ag2_filename(code: str) -> str | None:

@@ -47,6 +47,7 @@ from ._common import (
     docker_peer_options,
     make_async_executor,
     missing_framework,
+    quiet_pip,
 )
 
 try:
@@ -222,7 +223,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             )
         if cancellation_token.is_cancelled():
             raise asyncio.CancelledError("cancelled before the code ran")
-        task = asyncio.ensure_future(self._executor.execute_code_blocks(code_blocks))
+        task = asyncio.ensure_future(self._executor.execute_code_blocks(_quietened(code_blocks)))
         cancelled = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -381,6 +382,24 @@ def _refuse_unsupported(given: dict[str, Any]) -> None:
                 f"{name}= of autogen-ext's DockerCommandLineCodeExecutor is not supported by "
                 "kernelexec's drop-in"
             )
+
+
+_PYTHON_TAGS = frozenset({"python", "py", "python3"})
+_SHELL_TAGS = frozenset({"bash", "shell", "sh", "pwsh", "powershell", "ps1"})
+
+
+def _quietened(blocks: list[CodeBlock]) -> list[CodeBlock]:
+    """The blocks with ``-qqq`` added to their ``pip install`` lines, as autogen-ext's
+    executors do before running them (the code file holds what ran)."""
+    quieted = []
+    for block in blocks:
+        tag = (block.language or "").strip().lower()
+        if tag in _PYTHON_TAGS or tag in _SHELL_TAGS:
+            code = quiet_pip(block.code, python=tag in _PYTHON_TAGS)
+            if code != block.code:
+                block = CodeBlock(code=code, language=block.language)
+        quieted.append(block)
+    return quieted
 
 
 def _delete_code_files(result: ExecutionResult) -> None:

@@ -347,7 +347,7 @@ def test_output_dir_is_where_files_go_not_deprecated_as_jupyter_code_executor(
             assert peer.output_dir == tmp_path / "peer"
             assert alone.output_dir == tmp_path / "alone"
             assert inside.output_dir == tmp_path / "w" / "figs"
-        results = []
+        results: list[Any] = []
         for executor in (peer, alone, inside):
             async with executor:
                 results.append(await executor.execute_code_blocks(py(IMAGE), CancellationToken()))
@@ -384,6 +384,77 @@ def test_current_directory_as_work_dir_warns_as_autogen_ext(
         ours = KernelExecCodeExecutor(kind="command", work_dir=".")
     assert ours.work_dir == Path(".")  # as given
     run(ours.stop)
+
+
+# -- the README's table: pip quietened, first-line file names ---------------------------------
+
+PIP = "pip install --no-index kxdemo-not-there"  # no network: fails fast, what ran is kept
+
+
+def test_pip_install_is_quietened_as_local_command_line_executor(tmp_path: Path) -> None:
+    code = [CodeBlock(code=f"{PIP}\necho after", language="sh")]
+
+    async def both() -> tuple[Any, Any]:
+        peer = local_peer(tmp_path / "peer", cleanup_temp_files=False)
+        await peer.start()
+        theirs = await peer.execute_code_blocks(code, CancellationToken())
+        await peer.stop()
+        async with KernelExecCodeExecutor(
+            kind="command", work_dir=tmp_path / "ours", cleanup_temp_files=False
+        ) as ours:
+            return theirs, await ours.execute_code_blocks(code, CancellationToken())
+
+    theirs, ours = run(both)
+    ran = Path(ours.code_file).read_text()
+    assert ran == Path(theirs.code_file).read_text()
+    assert ran.startswith("pip install -qqq --no-index")
+    assert code[0].code.startswith(PIP)  # the caller's block is left as it was
+
+
+@pytest.mark.slow
+def test_ipython_pip_lines_are_quietened_as_jupyter_code_executor(tmp_path: Path) -> None:
+    code = py(f"!{PIP}\nprint('x')")
+
+    async def both() -> tuple[Any, str]:
+        async with JupyterCodeExecutor(output_dir=tmp_path / "peer") as peer:
+            theirs = await peer.execute_code_blocks(code, CancellationToken())
+        async with KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "ours") as ours:
+            await ours.execute_code_blocks(code, CancellationToken())
+            return theirs, ours.executor.notebook.cells[-1].source  # what the kernel was given
+
+    theirs, ran = run(both)
+    assert ran.splitlines()[0] == f"!{PIP.replace('install', 'install -qqq')}"
+    assert theirs.exit_code == 0
+
+
+def test_only_filename_first_lines_name_the_file_as_local_command_line_executor(
+    tmp_path: Path,
+) -> None:
+    # autogen-ext reads "# filename: x.py" only; "# test.py" is a comment (AG2 reads both).
+    blocks = [
+        CodeBlock(code="# filename: named.py\nprint('named')", language="python"),
+        CodeBlock(code="# test.py\nprint('comment')", language="python"),
+    ]
+
+    async def names(executor: Any) -> list[str]:
+        names = []
+        async with executor:
+            for block in blocks:
+                result = await executor.execute_code_blocks([block], CancellationToken())
+                assert result.exit_code == 0, result.output
+                names.append(Path(result.code_file).name)
+        return names
+
+    theirs = run(lambda: names(local_peer(tmp_path / "peer", cleanup_temp_files=False)))
+    ours = run(
+        lambda: names(
+            KernelExecCodeExecutor(
+                kind="command", work_dir=tmp_path / "ours", cleanup_temp_files=False
+            )
+        )
+    )
+    assert ours[0] == theirs[0] == "named.py"
+    assert theirs[1] != "test.py" and ours[1] != "test.py"
 
 
 # -- 19.3: every registered name; configuration round trip --------------------------------------
