@@ -1,4 +1,5 @@
-"""What the framework adapters share: a clear ImportError when a framework is missing.
+"""What the framework adapters share: a clear ImportError when a framework is missing, the
+peers' Docker arguments, and ``pip install`` lines quietened as the peers quieten them.
 
 Executors are built by name through the registry (``kernelexec._registry``): an adapter's
 ``kind=`` takes every registered name (``kernel``, ``command``, ``docker-kernel``, ...).
@@ -7,6 +8,7 @@ Executors are built by name through the registry (``kernelexec._registry``): an 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "make_async_executor",
     "make_executor",
     "missing_framework",
+    "quiet_pip",
 ]
 
 
@@ -74,3 +77,22 @@ def docker_peer_options(
     if run_kwargs:
         options["run_kwargs"] = dict(run_kwargs)
     return options
+
+
+# pip lines AG2 and autogen-ext quieten with -qqq: "!pip install" / "! pip install" in Python
+# (IPython) code, "pip install" at the start of a shell line; kernelexec also quietens %pip and
+# python -m pip.
+_PIP_IN_PYTHON = re.compile(r"^\s*(?:!\s?|%)pip3? install\b")
+_PIP_IN_SHELL = re.compile(r"^\s*(?:python3? -m )?pip3? install\b")
+
+
+def quiet_pip(code: str, python: bool) -> str:
+    """``code`` with ``-qqq`` added to each ``pip install`` line that lacks it, as AG2 and
+    autogen-ext do."""
+    pattern = _PIP_IN_PYTHON if python else _PIP_IN_SHELL
+    lines = code.split("\n")
+    for i, line in enumerate(lines):
+        match = pattern.match(line)
+        if match and "-qqq" not in line:
+            lines[i] = f"{match.group(0)} -qqq{line[match.end() :]}"
+    return "\n".join(lines)

@@ -30,19 +30,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from .._errors import InvalidBlock
 from .._executor import SyncExecutor, combine_results, error_result
-from .._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
+from .._extract import DISPLAY_ONLY, MarkdownCodeExtractor, extract_code_blocks, normalize_language
 from .._extract import _content_text as content_text
 from .._types import CodeBlock as NativeBlock
 from .._types import ExecutionResult
 from .._workdir import filename_from_code, resolve_inside
-from ._common import as_peers_do, docker_peer_options, make_executor, missing_framework
+from ._common import (
+    as_peers_do,
+    docker_peer_options,
+    make_executor,
+    missing_framework,
+    quiet_pip,
+)
 
 try:
     from autogen.coding.base import CodeBlock, CodeResult
@@ -75,21 +81,6 @@ _FIRST_LINE_NAME = (
     re.compile(r"^// (?:filename:)?(.+)$"),
     re.compile(r"^# (?:filename:)?(.+)$"),
 )
-# pip lines AG2 quietens with -qqq: "!pip install" / "! pip install" in Python (IPython) code,
-# "pip install" at the start of a shell line; kernelexec also quietens %pip and python -m pip.
-_PIP_IN_PYTHON = re.compile(r"^\s*(?:!\s?|%)pip3? install\b")
-_PIP_IN_SHELL = re.compile(r"^\s*(?:python3? -m )?pip3? install\b")
-
-
-def quiet_pip(code: str, python: bool) -> str:
-    """``code`` with ``-qqq`` added to each ``pip install`` line that lacks it, as AG2 does."""
-    pattern = _PIP_IN_PYTHON if python else _PIP_IN_SHELL
-    lines = code.split("\n")
-    for i, line in enumerate(lines):
-        match = pattern.match(line)
-        if match and "-qqq" not in line:
-            lines[i] = f"{match.group(0)} -qqq{line[match.end() :]}"
-    return "\n".join(lines)
 
 
 def ag2_filename(code: str) -> str | None:
@@ -126,17 +117,38 @@ class KernelExecCodeResult(CodeResult):
 
 class AG2CodeExtractor:
     """AG2's ``CodeExtractor``: code blocks found as CommonMark finds them (inside list items
-    and block quotes too), returned as AG2 ``CodeBlock``s with the tag as written."""
+    and block quotes too), returned as AG2 ``CodeBlock``s with the tag as written.
 
-    def __init__(self, extractor: MarkdownCodeExtractor | None = None) -> None:
+    Blocks tagged with a language of ``keep`` (the executor's ``execution_policies``: html and
+    css too, which kernelexec's native extraction drops as display-only) are kept, as AG2's
+    extractor keeps them for its executor to save; other display-only tags (``text``,
+    ``json``...) are still dropped.
+    """
+
+    def __init__(
+        self,
+        extractor: MarkdownCodeExtractor | None = None,
+        keep: Collection[str] = DEFAULT_EXECUTION_POLICY,
+    ) -> None:
         self._extractor = extractor or MarkdownCodeExtractor()
+        self._keep = keep  # the executor's policies, read at each call (they may change)
 
     def extract_code_blocks(self, message: Any) -> list[CodeBlock]:
         if type(self._extractor) is not MarkdownCodeExtractor:  # a custom extractor: as it says
             found = self._extractor.extract_code_blocks(message)
         else:
-            found = extract_code_blocks(content_text(message), canonical=False)
+            found = [
+                block
+                for block in extract_code_blocks(
+                    content_text(message), keep_display_only=True, canonical=False
+                )
+                if self._wanted(block.language)
+            ]
         return [CodeBlock(code=b.code, language=b.language or _infer_tag(b.code)) for b in found]
+
+    def _wanted(self, tag: str) -> bool:
+        lowered = tag.lower()
+        return normalize_language(lowered) not in DISPLAY_ONLY or lowered in self._keep
 
 
 class AG2CodeExecutor:
@@ -163,9 +175,9 @@ class AG2CodeExecutor:
         self.executor: SyncExecutor[Any] = executor or make_executor(
             kind, **as_peers_do(kind, options)
         )
-        self._extractor = AG2CodeExtractor(self.executor.code_extractor)
         self.execution_policies: dict[str, bool] = dict(DEFAULT_EXECUTION_POLICY)
         self.execution_policies.update(execution_policies or {})
+        self._extractor = AG2CodeExtractor(self.executor.code_extractor, self.execution_policies)
 
     @property
     def code_extractor(self) -> AG2CodeExtractor:
@@ -200,6 +212,10 @@ class AG2CodeExecutor:
         first_file = next((r.code_file for r in results if r.code_file), None)
         if combined.code_file != first_file:  # AG2 reports the first block's file
             combined = dataclasses.replace(combined, code_file=first_file)
+        if not self.stateful and len(results) > 1:
+            # AG2's command-line executor appends each block's output as it is (its IPython
+            # executor joins them with a newline, as combine_results does).
+            combined = dataclasses.replace(combined, output="".join(r.output for r in results))
         return KernelExecCodeResult.from_result(combined)
 
     def _execute_one(self, block: Any) -> ExecutionResult:

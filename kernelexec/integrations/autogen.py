@@ -47,6 +47,7 @@ from ._common import (
     docker_peer_options,
     make_async_executor,
     missing_framework,
+    quiet_pip,
 )
 
 try:
@@ -105,7 +106,8 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
     ``LocalCommandLineCodeExecutor``) deletes each block's code file after the run; a failure to
     delete is logged. ``raise_on_timeout`` (default: on for kernels, as ``JupyterCodeExecutor``)
     raises ``ExecutionTimeout`` (a ``TimeoutError``) instead of returning exit code 124.
-    ``output_dir`` is a deprecated alias of ``work_dir`` (``JupyterCodeExecutor``'s name).
+    ``output_dir`` (``JupyterCodeExecutor``'s argument) is where image and HTML files are saved:
+    alone, it is the work dir too (the files go under it); with ``work_dir``, a folder inside it.
     """
 
     component_config_schema = KernelExecCodeExecutorConfig
@@ -133,20 +135,20 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             raise ValueError("give either an executor or executor options, not both")
         if timeout < 1:
             raise ValueError("Timeout must be greater than or equal to 1.")  # autogen-ext's rule
-        if output_dir is not None:
-            warnings.warn(
-                "output_dir is deprecated: it is an alias of work_dir, use work_dir",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            if work_dir is None:
-                work_dir = output_dir
         if work_dir is not None and Path(work_dir).resolve() == Path.cwd().resolve():
             warnings.warn(  # as autogen-ext warns
                 "Using the current directory as work_dir is deprecated.",
                 DeprecationWarning,
                 stacklevel=2,
             )
+        self._output_dir = None if output_dir is None else Path(output_dir)
+        if output_dir is not None:
+            if executor is not None:
+                raise ValueError("give either an executor or output_dir, not both")
+            if work_dir is None:
+                work_dir = output_dir  # the files go under it; the kernel runs there too
+            elif (folder := _inside(Path(output_dir), Path(work_dir))) is not None:
+                options["outputs_dir"] = folder
         executor_entry(kind)  # an unknown name fails here, naming the valid ones
         self._given_work_dir = None if work_dir is None else Path(work_dir)
         self._config = KernelExecCodeExecutorConfig(
@@ -164,6 +166,12 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         self._executor = executor if executor is not None else self._build()
         if executor is not None:
             self._config = _config_of(executor, cleanup_temp_files, raise_on_timeout)
+        elif python is not None:
+            # A relative python= is the caller's now: a rebuild after stop() or a loaded
+            # component must not read it against another current directory.
+            resolved = _python_of(self._executor)
+            if resolved is not None:
+                self._config.python = resolved
 
     @property
     def executor(self) -> AsyncExecutor:
@@ -177,8 +185,15 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
 
     @property
     def output_dir(self) -> Path:
-        """``JupyterCodeExecutor``'s name for where output files go: the work dir."""
-        return self.work_dir
+        """Where image and HTML files go, as given (``JupyterCodeExecutor``'s argument; not
+        deprecated there), else the work dir. The current directory warns, as there."""
+        if self._output_dir == Path("."):
+            warnings.warn(  # as JupyterCodeExecutor warns, when its property is read
+                "Using the current directory as output_dir is deprecated",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return self._output_dir or self.work_dir
 
     @property
     def timeout(self) -> float:
@@ -208,7 +223,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             )
         if cancellation_token.is_cancelled():
             raise asyncio.CancelledError("cancelled before the code ran")
-        task = asyncio.ensure_future(self._executor.execute_code_blocks(code_blocks))
+        task = asyncio.ensure_future(self._executor.execute_code_blocks(_quietened(code_blocks)))
         cancelled = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -369,6 +384,24 @@ def _refuse_unsupported(given: dict[str, Any]) -> None:
             )
 
 
+_PYTHON_TAGS = frozenset({"python", "py", "python3"})
+_SHELL_TAGS = frozenset({"bash", "shell", "sh", "pwsh", "powershell", "ps1"})
+
+
+def _quietened(blocks: list[CodeBlock]) -> list[CodeBlock]:
+    """The blocks with ``-qqq`` added to their ``pip install`` lines, as autogen-ext's
+    executors do before running them (the code file holds what ran)."""
+    quieted = []
+    for block in blocks:
+        tag = (block.language or "").strip().lower()
+        if tag in _PYTHON_TAGS or tag in _SHELL_TAGS:
+            code = quiet_pip(block.code, python=tag in _PYTHON_TAGS)
+            if code != block.code:
+                block = CodeBlock(code=code, language=block.language)
+        quieted.append(block)
+    return quieted
+
+
 def _delete_code_files(result: ExecutionResult) -> None:
     """Delete the code file of every block run; a failure to delete is logged, not raised."""
     for block in result.block_results or [result]:
@@ -393,16 +426,35 @@ def _config_of(
     kind = executor.kind
     if label.startswith("docker-"):
         kind = label
-    python = getattr(executor, "python", None)
-    if python is None:
-        with contextlib.suppress(AttributeError):
-            python = executor.backend.python  # type: ignore[attr-defined]
+    python = _python_of(executor)
     owns_dir = getattr(executor, "_owns_work_dir", False)
     return KernelExecCodeExecutorConfig(
         kind=kind,
         work_dir=None if owns_dir else str(executor.work_dir),
         timeout=executor.timeout,
-        python=None if python is None else str(python),
+        python=python,
         cleanup_temp_files=cleanup,
         raise_on_timeout=raise_on_timeout,
     )
+
+
+def _python_of(executor: AsyncExecutor) -> str | None:
+    """The interpreter ``executor`` runs, as its back end resolved it (an absolute path)."""
+    python = getattr(executor, "python", None)
+    if python is None:
+        with contextlib.suppress(AttributeError):
+            python = executor.backend.python  # type: ignore[attr-defined]
+    return None if python is None else str(python)
+
+
+def _inside(output_dir: Path, work_dir: Path) -> str | None:
+    """``output_dir`` as the executor's ``outputs_dir``: a folder inside ``work_dir`` (None:
+    the work dir itself, where the files go to its default folder)."""
+    try:
+        relative = output_dir.resolve().relative_to(work_dir.resolve())
+    except ValueError:
+        raise ValueError(
+            f"output_dir {output_dir} must be inside work_dir {work_dir}: kernelexec saves "
+            "output files inside the work dir"
+        ) from None
+    return relative.as_posix() if relative.parts else None

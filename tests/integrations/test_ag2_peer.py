@@ -4,6 +4,9 @@ installed next to it."""
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,55 @@ def test_html_and_javascript_are_saved_not_run_as_ag2(
     assert ours.code_file == str(html)
 
 
+HTML_MESSAGE = (
+    "Here is the page and its style:\n```html\n<h1>hello</h1>\n```\n"
+    "```css\nh1 { color: red; }\n```\n"
+)
+
+
+def test_html_and_css_in_a_message_are_saved_in_a_chat_as_ag2(
+    adapter: AG2CodeExecutor, tmp_path: Path
+) -> None:
+    # The whole path: the agent extracts the blocks with the executor's extractor (kernelexec's
+    # native extraction drops html and css as display-only), then the executor saves them.
+    theirs = ag2_chat(peer(tmp_path), "a page", HTML_MESSAGE, flows.DONE)
+    ours = ag2_chat(adapter, "a page", HTML_MESSAGE, flows.DONE)
+
+    def files(heard: list[str]) -> list[Path]:
+        return [Path(p) for p in re.findall(r"Code saved to (\S+)", heard[0])]
+
+    def shape(heard: list[str], work_dir: Path) -> str:
+        text = heard[0].replace(str(work_dir.resolve()), "WORK")
+        return re.sub(r"tmp_code_\w+\.", "tmp_code_HASH.", text)
+
+    expected = (
+        "exitcode: 0 (execution succeeded)\nCode output: "
+        "Code saved to WORK/tmp_code_HASH.html\nCode saved to WORK/tmp_code_HASH.css\n"
+    )
+    assert shape(theirs, tmp_path / "peer") == expected
+    if not adapter.stateful:  # a kernel joins blocks' outputs with a newline, as AG2's IPython
+        assert shape(ours, adapter.executor.work_dir) == expected
+    assert len(files(ours)) == 2
+    contents = ["<h1>hello</h1>", "h1 { color: red; }"]
+    assert [f.read_text() for f in files(ours)] == [f.read_text() for f in files(theirs)]
+    assert [f.read_text() for f in files(ours)] == contents
+    assert all(f.parent == adapter.executor.work_dir.resolve() for f in files(ours))
+
+
+def test_only_the_policies_languages_among_display_ones_are_kept(tmp_path: Path) -> None:
+    message = "```html\n<p>x</p>\n```\n```json\n{}\n```\n```text\nplain\n```\n"
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path) as adapter:
+        assert [b.language for b in adapter.code_extractor.extract_code_blocks(message)] == ["html"]
+        adapter.execution_policies["json"] = False  # a language given a policy is kept too
+        kept = adapter.code_extractor.extract_code_blocks(message)
+    assert [b.language for b in kept] == ["html", "json"]
+    assert [b.language for b in MarkdownCodeExtractor().extract_code_blocks(message)] == [
+        "html",
+        "json",
+        "text",
+    ]  # AG2 keeps them all, then fails on the first it cannot run ("unknown language")
+
+
 def test_execution_policies_override_per_language(tmp_path: Path) -> None:
     with AG2CodeExecutor(
         kind="command", work_dir=tmp_path, execution_policies={"python": False}
@@ -144,6 +196,29 @@ def test_timeout_and_work_dir_as_given_as_ag2(
             [CodeBlock(code="import os; print(os.getcwd())", language="python")]
         )
     assert result.output.strip() == str(tmp_path / "coding")
+
+
+# -- 14.8: a relative python= / virtualenv path is the caller's ------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", ["interpreter", "virtualenv"])
+def test_relative_python_is_resolved_against_the_callers_cwd(
+    kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
+    assert not os.path.isabs(relative)
+    block = [CodeBlock(code="import sys\nprint(sys.prefix)", language="python")]
+    with AG2CodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "deep" / "work") as ours:
+        monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
+        result = ours.execute_code_blocks(block)
+        ours.restart()
+        again = ours.execute_code_blocks(block)
+    assert result.exit_code == again.exit_code == 0, (result.output, again.output)
+    assert result.output.strip() == again.output.strip() == sys.prefix
 
 
 # -- 14.6: pip quietened -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -175,6 +176,94 @@ def test_cancel_ends_the_block_in_docker(kind: str, tmp_path: Path, docker_ready
     _cancel_and_check(kind, tmp_path)
 
 
+# -- 14.8: a relative python= / virtualenv path is the caller's ------------------------------
+
+
+@pytest.mark.parametrize("kind", ["command", "kernel"])
+@pytest.mark.parametrize("form", ["interpreter", "virtualenv"])
+def test_relative_python_is_resolved_against_the_callers_cwd(
+    kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
+    assert not os.path.isabs(relative)
+    code = py("import sys\nprint(sys.prefix)")
+    adapter = KernelExecCodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "d" / "w")
+    monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
+
+    async def go() -> list[str]:
+        outputs = []
+        for _ in range(2):  # started, stopped and started again (the executor is rebuilt)
+            async with adapter:
+                result = await adapter.execute_code_blocks(code, CancellationToken())
+                outputs.append(result.output)
+                await adapter.restart()
+                result = await adapter.execute_code_blocks(code, CancellationToken())
+                outputs.append(result.output)
+        return outputs
+
+    assert [o.strip() for o in run(go)] == [sys.prefix] * 4
+    loaded = CodeExecutor.load_component(adapter.dump_component())
+    assert isinstance(loaded, KernelExecCodeExecutor)
+    assert [o.strip() for o in run(lambda: _run_once(loaded, code))] == [sys.prefix]
+
+
+async def _run_once(adapter: KernelExecCodeExecutor, code: list[CodeBlock]) -> list[str]:
+    async with adapter:
+        return [(await adapter.execute_code_blocks(code, CancellationToken())).output]
+
+
+# -- 14.12 / 14.13: a traceback's text, one file per image, side by side with the peer --------
+
+
+async def side_by_side(code: list[CodeBlock], tmp_path: Path) -> tuple[Any, Any]:
+    async with JupyterCodeExecutor(output_dir=tmp_path / "peer") as peer:
+        theirs = await peer.execute_code_blocks(code, CancellationToken())
+    async with KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "ours") as adapter:
+        return theirs, await adapter.execute_code_blocks(code, CancellationToken())
+
+
+@pytest.mark.slow
+def test_traceback_text_as_jupyter_code_executor(tmp_path: Path) -> None:
+    # Blank lines in the source and between frames, and colours: Jupyter's text, ANSI-free.
+    code = py("def f():\n\n    raise ValueError('boom')\n\nprint('before')\nf()")
+    theirs, ours = run(lambda: side_by_side(code, tmp_path))
+    assert ours.exit_code == theirs.exit_code == 1
+    dashes = "-" * 75
+    traceback = ours.output[ours.output.index(dashes) :]
+    assert traceback == theirs.output[theirs.output.index(dashes) :]
+    assert "\x1b" not in ours.output and "ValueError: boom" in traceback
+    assert "\n\nCell In[1], line 3, in f()" in traceback  # the blank line between frames
+    assert "      2 \n      3     raise" in traceback  # the block's blank line, numbered
+    # What differs: the peer joins outputs with a newline, so a blank line follows the
+    # printed text; kernelexec starts the traceback on the next line (the README's table).
+    assert theirs.output == f"before\n\n{traceback}"
+    assert ours.output == f"before\n{traceback}"
+
+
+@pytest.mark.slow
+def test_an_image_displayed_once_is_one_file_as_jupyter_code_executor(tmp_path: Path) -> None:
+    # PIL's image has png and jpeg forms: one file (the png), as the peer saves.
+    code = py(
+        "from PIL import Image\nfrom IPython.display import display\n"
+        "display(Image.new('RGB', (4, 4), 'red'))\nprint('after')"
+    )
+    theirs, ours = run(lambda: side_by_side(code, tmp_path))
+    assert ours.exit_code == theirs.exit_code == 0
+    assert [Path(f).suffix for f in ours.output_files] == [".png"]
+    assert [Path(f).suffix for f in theirs.output_files] == [".png"]
+    assert Path(ours.output_files[0]).read_bytes() == Path(theirs.output_files[0]).read_bytes()
+    # What differs: kernelexec drops an image's bare repr from the text (the README's table).
+    bare_repr = "<PIL.Image.Image image mode=RGB size=4x4>"
+    assert theirs.output == f"{bare_repr}\nafter\n"
+    assert ours.output == "after\n"
+    assert ours.result is not None  # every form stays in the outputs
+    [shown] = [o for o in ours.result.outputs if o.get("output_type") == "display_data"]
+    assert {"image/png", "image/jpeg", "text/plain"} <= set(shown["data"])
+
+
 # -- 14.13: HTML to output_files, no extra text line ------------------------------------------
 
 
@@ -238,10 +327,50 @@ def test_a_failure_to_delete_is_logged(tmp_path: Path, caplog: pytest.LogCapture
     assert any("Failed to delete" in r.getMessage() for r in caplog.records)
 
 
-def test_output_dir_is_a_deprecated_alias_of_work_dir(tmp_path: Path) -> None:
-    with pytest.warns(DeprecationWarning, match="output_dir"):
-        ours = KernelExecCodeExecutor(kind="kernel", output_dir=tmp_path / "out")
-    assert ours.work_dir == ours.output_dir == tmp_path / "out"
+IMAGE = (
+    "from PIL import Image\nfrom IPython.display import display\ndisplay(Image.new('RGB', (2, 2)))"
+)
+
+
+def test_output_dir_is_where_files_go_not_deprecated_as_jupyter_code_executor(
+    tmp_path: Path,
+) -> None:
+    # autogen-ext 0.7.5: JupyterCodeExecutor's own argument, with no warning of its own.
+    async def both() -> tuple[Any, Any, Any, Any]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            peer = JupyterCodeExecutor(output_dir=tmp_path / "peer")
+            alone = KernelExecCodeExecutor(kind="kernel", output_dir=tmp_path / "alone")
+            inside = KernelExecCodeExecutor(
+                kind="kernel", work_dir=tmp_path / "w", output_dir=tmp_path / "w" / "figs"
+            )
+            assert peer.output_dir == tmp_path / "peer"
+            assert alone.output_dir == tmp_path / "alone"
+            assert inside.output_dir == tmp_path / "w" / "figs"
+        results: list[Any] = []
+        for executor in (peer, alone, inside):
+            async with executor:
+                results.append(await executor.execute_code_blocks(py(IMAGE), CancellationToken()))
+        return (*results, inside.dump_component().config)
+
+    theirs, alone, inside, config = run(both)
+    assert Path(theirs.output_files[0]).parent == tmp_path / "peer"
+    assert Path(alone.output_files[0]).is_relative_to(tmp_path / "alone")
+    assert Path(inside.output_files[0]).parent == tmp_path / "w" / "figs"
+    assert config["options"] == {"outputs_dir": "figs"}
+    with pytest.raises(ValueError, match="inside work_dir"):
+        KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "w", output_dir=tmp_path)
+
+
+def test_current_directory_as_output_dir_warns_as_jupyter_code_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    peer = JupyterCodeExecutor(output_dir=".")
+    ours = KernelExecCodeExecutor(kind="kernel", output_dir=".")
+    for executor in (peer, ours):
+        with pytest.warns(DeprecationWarning, match="current directory as output_dir"):
+            assert executor.output_dir == Path(".")
     run(ours.stop)
 
 
@@ -255,6 +384,77 @@ def test_current_directory_as_work_dir_warns_as_autogen_ext(
         ours = KernelExecCodeExecutor(kind="command", work_dir=".")
     assert ours.work_dir == Path(".")  # as given
     run(ours.stop)
+
+
+# -- the README's table: pip quietened, first-line file names ---------------------------------
+
+PIP = "pip install --no-index kxdemo-not-there"  # no network: fails fast, what ran is kept
+
+
+def test_pip_install_is_quietened_as_local_command_line_executor(tmp_path: Path) -> None:
+    code = [CodeBlock(code=f"{PIP}\necho after", language="sh")]
+
+    async def both() -> tuple[Any, Any]:
+        peer = local_peer(tmp_path / "peer", cleanup_temp_files=False)
+        await peer.start()
+        theirs = await peer.execute_code_blocks(code, CancellationToken())
+        await peer.stop()
+        async with KernelExecCodeExecutor(
+            kind="command", work_dir=tmp_path / "ours", cleanup_temp_files=False
+        ) as ours:
+            return theirs, await ours.execute_code_blocks(code, CancellationToken())
+
+    theirs, ours = run(both)
+    ran = Path(ours.code_file).read_text()
+    assert ran == Path(theirs.code_file).read_text()
+    assert ran.startswith("pip install -qqq --no-index")
+    assert code[0].code.startswith(PIP)  # the caller's block is left as it was
+
+
+@pytest.mark.slow
+def test_ipython_pip_lines_are_quietened_as_jupyter_code_executor(tmp_path: Path) -> None:
+    code = py(f"!{PIP}\nprint('x')")
+
+    async def both() -> tuple[Any, str]:
+        async with JupyterCodeExecutor(output_dir=tmp_path / "peer") as peer:
+            theirs = await peer.execute_code_blocks(code, CancellationToken())
+        async with KernelExecCodeExecutor(kind="kernel", work_dir=tmp_path / "ours") as ours:
+            await ours.execute_code_blocks(code, CancellationToken())
+            return theirs, ours.executor.notebook.cells[-1].source  # what the kernel was given
+
+    theirs, ran = run(both)
+    assert ran.splitlines()[0] == f"!{PIP.replace('install', 'install -qqq')}"
+    assert theirs.exit_code == 0
+
+
+def test_only_filename_first_lines_name_the_file_as_local_command_line_executor(
+    tmp_path: Path,
+) -> None:
+    # autogen-ext reads "# filename: x.py" only; "# test.py" is a comment (AG2 reads both).
+    blocks = [
+        CodeBlock(code="# filename: named.py\nprint('named')", language="python"),
+        CodeBlock(code="# test.py\nprint('comment')", language="python"),
+    ]
+
+    async def names(executor: Any) -> list[str]:
+        names = []
+        async with executor:
+            for block in blocks:
+                result = await executor.execute_code_blocks([block], CancellationToken())
+                assert result.exit_code == 0, result.output
+                names.append(Path(result.code_file).name)
+        return names
+
+    theirs = run(lambda: names(local_peer(tmp_path / "peer", cleanup_temp_files=False)))
+    ours = run(
+        lambda: names(
+            KernelExecCodeExecutor(
+                kind="command", work_dir=tmp_path / "ours", cleanup_temp_files=False
+            )
+        )
+    )
+    assert ours[0] == theirs[0] == "named.py"
+    assert theirs[1] != "test.py" and ours[1] != "test.py"
 
 
 # -- 19.3: every registered name; configuration round trip --------------------------------------

@@ -254,6 +254,26 @@ def test_python_interpreter_option(tmp_path: Path) -> None:
         assert ex.execute("import sys; sys.executable").output == repr(sys.executable)
 
 
+@pytest.mark.parametrize("form", ["interpreter", "virtualenv"])
+def test_relative_python_is_resolved_against_the_callers_cwd(
+    form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 14.8: relative to the caller's cwd, not to the work dir the kernel starts in.
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
+    assert not os.path.isabs(relative)
+    backend = LocalKernel(python=relative)
+    with KernelExecutor(backend, work_dir=tmp_path / "deeper" / "work", timeout=60) as ex:
+        monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
+        result = ex.execute("import sys\nprint(sys.prefix)")
+        ex.restart()  # a restarted kernel uses the same interpreter
+        again = ex.execute("import sys\nprint(sys.prefix)")
+    assert result.ok and again.ok, (result.output, again.output)
+    assert result.output.strip() == again.output.strip() == sys.prefix
+
+
 def test_python_without_ipykernel_is_backend_unavailable(tmp_path: Path) -> None:
     fake = tmp_path / "venv" / "bin"
     fake.mkdir(parents=True)
