@@ -32,7 +32,8 @@ InputCallback = Callable[[str], "str | Awaitable[str]"]
 
 _INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _POLL = 0.5  # seconds between liveness checks while a block is quiet
-_IOPUB_GRACE = 1.0  # after the reply, how long to wait for an ``idle`` that may have been dropped
+# After the reply, iopub silent this long: ask the kernel for a marker (see ``_BlockRun._pump``).
+_IOPUB_GRACE = 0.5
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 
 # Run silently after every (re)start: the kernel interpreter's own bin dir first on PATH, so
@@ -336,6 +337,7 @@ class _BlockRun:
         deadline = loop.time() + self._timeout
         grace_end: float | None = None  # set once the block was interrupted
         last_seen = last_check = loop.time()
+        marker: str | None = None
         while True:
             now = loop.time()
             if grace_end is None and now >= deadline:
@@ -352,11 +354,19 @@ class _BlockRun:
             try:
                 msg = await self._client.get_iopub_msg(timeout=wait)
             except queue.Empty:
-                # The reply is in and iopub has been silent a while: the idle was dropped.
-                if reply.done() and loop.time() - last_seen >= _IOPUB_GRACE:
-                    return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+                # The reply is in and iopub is quiet: its messages may lag the reply (a loaded
+                # machine), or the idle was lost. Waiting a fixed while cut off lagging output
+                # (seen: "yes" lost, exit 0). Instead send an empty request: iopub is one
+                # ordered stream, so once its messages arrive, all of this block's have.
+                if marker is None and reply.done() and loop.time() - last_seen >= _IOPUB_GRACE:
+                    marker = self._client.execute(
+                        "", silent=True, store_history=False, stop_on_error=False
+                    )
                 continue
-            if _parent_id(msg) != self._msg_id:
+            parent = _parent_id(msg)
+            if marker is not None and parent == marker:
+                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+            if parent != self._msg_id:
                 continue  # another request's message (a set-up run, an earlier block)
             if _is_idle(msg):
                 return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
