@@ -351,8 +351,8 @@ def test_ag2_drop_in_side_by_side_with_ag2s_docker_executor(tmp_path: Path) -> N
     assert "named.py" in user_files(their_dir) and "made.txt" in user_files(their_dir)
     # Code files: the peer names them tmp_code_<md5>.<language> ("python"), kernelexec
     # tmp_code_<sha256 prefix>.<extension> (".py"): a deliberate difference.
-    assert Path(theirs[0].code_file).suffix == ".python"
-    assert Path(ours[0].code_file).suffix == ".py"
+    assert Path(str(theirs[0].code_file)).suffix == ".python"
+    assert Path(str(ours[0].code_file)).suffix == ".py"
 
 
 def test_autogen_drop_in_side_by_side_with_autogen_exts_docker_executor(tmp_path: Path) -> None:
@@ -402,8 +402,11 @@ def test_kept_container_as_the_peer_keeps_it(
 
     import docker
 
+    Peer: Any
     if framework == "ag2":
-        from autogen.coding import DockerCommandLineCodeExecutor as Peer
+        from autogen.coding import DockerCommandLineCodeExecutor as AG2Peer
+
+        Peer = AG2Peer
 
         def run(make: Any, name: str, work: Path) -> None:
             with make(
