@@ -59,8 +59,12 @@ def docker_peer_options(
     """``DockerOptions`` fields for the peers' ``DockerCommandLineCodeExecutor`` arguments.
 
     Only what differs from kernelexec's defaults is passed on, by the option's own name
-    (``bind_dir``, ``auto_remove``, ``stop_container``, ``container_name``).
+    (``bind_dir``, ``auto_remove``, ``container_name``). As in both peers, stopping the executor
+    (``stop()``, the context manager's exit) always stops the container, kept (exited) when
+    ``auto_remove=False``: the peers' ``stop_container=False`` only leaves a container that was
+    never stopped out of their exit hook, so it is accepted and changes nothing at ``close()``.
     """
+    del stop_container  # see above: close() stops the container whatever it says
     options: dict[str, Any] = {}
     if image is not None:
         options["image"] = image
@@ -72,8 +76,6 @@ def docker_peer_options(
         options["bind_dir"] = os.path.abspath(bind_dir)
     if not auto_remove:
         options["auto_remove"] = False
-    if not stop_container:
-        options["stop_container"] = False
     if run_kwargs:
         options["run_kwargs"] = dict(run_kwargs)
     return options

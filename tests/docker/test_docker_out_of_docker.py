@@ -5,6 +5,7 @@ sees a host folder at another path, and runs blocks in sibling containers throug
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,7 +69,10 @@ finally:
 def _python_mounts() -> dict[str, dict[str, str]]:
     prefixes = {sys.prefix, sys.base_prefix}
     if any(p in ("/usr", "/usr/local") or p.startswith("/usr/") for p in prefixes):
-        pytest.skip("the test interpreter lives in /usr: it cannot be mounted into a container")
+        reason = "the test interpreter lives in /usr: it cannot be mounted into a container"
+        if os.environ.get("KERNELEXEC_REQUIRE_DOCKER") == "1":  # as tests/docker/conftest.py
+            pytest.fail(f"{reason} (KERNELEXEC_REQUIRE_DOCKER=1, so this is a failure)")
+        pytest.skip(reason)
     return {p: {"bind": p, "mode": "ro"} for p in prefixes}
 
 
