@@ -13,6 +13,8 @@ from kx_adversarial import ALL, SLACK, backends, pairs
 
 from kernelexec import CodeBlock, KernelExecError, make_executor
 
+pytestmark = pytest.mark.usefixtures("nothing_left")
+
 NAN = math.nan
 
 
@@ -34,8 +36,12 @@ def test_unknown_or_missing_language_is_a_result(ex: Any) -> None:
 def test_empty_block(ex: Any, language: str) -> None:
     r = ex.execute("", language)
     assert (r.exit_code, r.output, r.error) == (0, "", None)
+    assert (r.stdout, r.stderr, r.outputs, r.files) == ("", "", [], [])
+    assert not (r.timed_out or r.truncated or r.kernel_died)
+    # An empty fence in a message is no block: nothing runs, and the result says so.
     r = ex.execute_message("```python\n```\n")
-    assert r.exit_code == 0
+    assert (r.exit_code, r.error, r.files, r.block_results) == (0, None, [], [])
+    assert r.output == "No code blocks found in the message; nothing was run.", r.output
     assert ex.execute("print('usable')").output == "usable\n"
 
 
