@@ -82,22 +82,14 @@ def test_bad_executor_timeout_is_refused(backend: str, timeout: float, tmp_path:
         make_executor(backend, work_dir=tmp_path, timeout=timeout)
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(ALL),
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_nan_executor_timeout_is_refused(backend: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="timeout"):
         ex = make_executor(backend, work_dir=tmp_path, timeout=NAN)
         ex.close()
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(ALL),
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_a_work_dir_that_is_a_file(backend: str, tmp_path: Path) -> None:
     path = tmp_path / "a-file"
     path.write_text("not a folder")
