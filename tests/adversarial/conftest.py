@@ -1,9 +1,10 @@
 """Adversarial tier set-up: one executor per back end per module, built through the registry.
 
 ``backend`` is parametrised indirectly by each case (``kx_adversarial.backends``); ``ex`` is a
-module-scoped executor of that back end for the cases where state does not matter. A Docker back
-end needs a real engine and the image: missing, the case skips (fails with
-``KERNELEXEC_REQUIRE_DOCKER=1``, as CI sets).
+module-scoped executor of that back end for the cases where state does not matter;
+``nothing_left`` checks, after a case, that it left nothing running. A Docker back end needs a
+real engine and the image: missing, the case skips (fails with ``KERNELEXEC_REQUIRE_DOCKER=1``,
+as CI sets).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_adversarial import DOCKER, kill_all, new_token
+from kx_adversarial import DOCKER, Running, kill_all, new_token
 
 from kernelexec import make_executor
 from kernelexec._errors import DockerUnavailable
@@ -75,6 +76,9 @@ class Executors:
             self._open[name] = make_executor(name, work_dir=work, timeout=30)
         return self._open[name]
 
+    def open(self) -> list[Any]:
+        return list(self._open.values())
+
     def close(self) -> None:
         for executor in self._open.values():
             executor.close()
@@ -101,3 +105,41 @@ def token() -> Iterator[str]:
     value = new_token()
     yield value
     kill_all(value)
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_problem: str | None) -> Iterator[Any]:
+    """One engine client for the checks (None without an engine)."""
+    if docker_problem is not None:
+        yield None
+        return
+    from kernelexec.backends._docker import DockerOptions, make_client
+
+    client = make_client(DockerOptions())
+    yield client
+    client.close()
+
+
+class NothingLeft:
+    """The "nothing left running" check of a case (``kx_adversarial.Running``): ``check()``
+    asserts it, with executors the case opened itself as ``also``; it also runs after the case."""
+
+    def __init__(self, executors: Executors, running: Running) -> None:
+        self._executors = executors
+        self._running = running
+
+    def check(self, also: tuple[Any, ...] = ()) -> None:
+        left = self._running.left([*self._executors.open(), *also])
+        assert left == [], f"left running: {left}"
+
+
+@pytest.fixture
+def nothing_left(
+    backend: str, executors: Executors, token: str, docker_client: Any
+) -> Iterator[NothingLeft]:
+    """Asserts after the case that it left nothing running (see ``Running``). The engine is
+    asked only on a Docker case: a local one starts no container."""
+    client = docker_client if backend in DOCKER else None
+    check = NothingLeft(executors, Running.now(executors.open(), token, client))
+    yield check
+    check.check()

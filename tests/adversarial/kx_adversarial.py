@@ -2,8 +2,7 @@
 
 The back ends are built by name through kernelexec's registry, so each case runs against exactly
 what ``--executor NAME`` gives a user. ``backends()`` builds the parameter list of a case: each
-back end carries its own tier marker, and a case that exercises a known defect on a back end is
-marked there with a *strict* xfail naming the issue item, so it turns red the day it is fixed.
+back end carries its own tier marker. ``Running`` is the "nothing left running" check.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -43,36 +43,19 @@ _TIER = {
 SLACK = 30.0
 
 
-def backends(names: Iterable[str] = ALL, *, xfail: Mapping[str, str] | None = None) -> list[Any]:
+def backends(names: Iterable[str] = ALL) -> list[Any]:
     """Parameters for ``@pytest.mark.parametrize("backend", ..., indirect=True)``."""
-    xfail = dict(xfail or {})
-    unknown = set(xfail) - set(ALL)
-    assert not unknown, unknown
-    params = []
-    for name in names:
-        marks = [_TIER[name]]
-        if name in xfail:
-            marks.append(pytest.mark.xfail(strict=True, reason=xfail[name]))
-        params.append(pytest.param(name, marks=marks, id=name))
-    return params
+    return [pytest.param(name, marks=_TIER[name], id=name) for name in names]
 
 
-def pairs(
-    names: Iterable[str],
-    values: Iterable[str],
-    *,
-    xfail: Mapping[tuple[str, str], str] | None = None,
-) -> list[Any]:
+def pairs(names: Iterable[str], values: Iterable[str]) -> list[Any]:
     """Parameters for ``parametrize(("backend", X), ..., indirect=["backend"])``: every back end
-    with every value, a strict xfail on the (back end, value) pairs that hit a known defect."""
-    params = []
-    for name in names:
-        for value in values:
-            marks = [_TIER[name]]
-            if xfail and (name, value) in xfail:
-                marks.append(pytest.mark.xfail(strict=True, reason=xfail[name, value]))
-            params.append(pytest.param(name, value, marks=marks, id=f"{value}-{name}"))
-    return params
+    with every value."""
+    return [
+        pytest.param(name, value, marks=_TIER[name], id=f"{value}-{name}")
+        for name in names
+        for value in values
+    ]
 
 
 def new_token() -> str:
@@ -120,6 +103,133 @@ def kill_all(token: str) -> None:
     for pid in processes_with(token):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: str) -> tuple[int, str] | None:
+    """(parent pid, start time) of a live process; None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else (int(fields[1]), fields[19])
+
+
+def descendants() -> dict[int, tuple[int, str]]:
+    """Every live descendant of this process: pid -> (parent pid, start time)."""
+    table = {int(pid): st for pid in os.listdir("/proc") if pid.isdigit() and (st := _stat(pid))}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, tuple[int, str]] = {}
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = table[child]
+            todo.append(child)
+    return found
+
+
+#: How many processes a Docker executor's container holds between blocks: the command back
+#: end's main process (its own init); the kernel's ``docker-init`` and the kernel under it.
+CONTAINER_BASE = {DOCKER_COMMAND: 1, DOCKER_KERNEL: 2}
+
+
+def container_processes(executor: Any) -> list[str]:
+    """Command lines of the processes in a Docker executor's container, from the engine (``docker
+    top``, no exec: it works when a fork bomb has used up the pids limit); [] without one."""
+    container = getattr(executor.backend, "container", None)
+    if container is None:
+        return []
+    rows = container.top(ps_args="-o pid,args")["Processes"] or []
+    return [f"{row[0]} {row[-1][:80]}" for row in rows]
+
+
+def labelled_containers(client: Any) -> set[str]:
+    """Ids of the containers (running or not) that kernelexec labelled as this process's."""
+    from kernelexec.backends._docker_options import LABEL_OWNER_PID
+
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
+    return {str(c.id) for c in found}
+
+
+def _own_container(executor: Any) -> str | None:
+    container = getattr(executor.backend, "container", None)
+    return None if container is None else str(container.id)
+
+
+def _own_processes(executor: Any, tree: dict[int, tuple[int, str]]) -> set[int]:
+    """A local kernel executor's own processes: the kernel and those between it and us (the
+    jail's helper)."""
+    pid = getattr(executor.backend, "pid", None)
+    own = set()
+    while pid in tree:
+        own.add(pid)
+        pid = tree[pid][0]
+    return own
+
+
+@dataclass
+class Running:
+    """What runs when a case starts, to say afterwards what the case left running.
+
+    ``left(open_executors)`` names what should not be there: processes below this one (the
+    test process) that are new and are not an open executor's own kernel; processes carrying
+    the case's token; containers labelled as this process's that are neither an open
+    executor's current one nor already there before; and, in each open Docker executor's
+    container, processes beyond its ``CONTAINER_BASE``. Cheap: /proc, and the engine only when
+    ``client`` is given (a Docker case).
+    """
+
+    processes: set[tuple[int, str]]
+    containers: set[str]
+    token: str | None
+    client: Any
+
+    @classmethod
+    def now(
+        cls, open_executors: Sequence[Any], token: str | None = None, client: Any = None
+    ) -> Running:
+        tree = descendants()
+        containers: set[str] = set()
+        if client is not None:
+            own = {_own_container(e) for e in open_executors}
+            containers = labelled_containers(client) - own  # strays from before: not this case's
+        return cls({(p, st[1]) for p, st in tree.items()}, containers, token, client)
+
+    def _left_once(self, open_executors: Sequence[Any]) -> list[str]:
+        tree = descendants()
+        own: set[int] = set()
+        for executor in open_executors:
+            own |= _own_processes(executor, tree)
+        left = [
+            f"process {pid}: {_cmdline(str(pid))[:120]}"
+            for pid, (_, start) in tree.items()
+            if (pid, start) not in self.processes and pid not in own
+        ]
+        if self.token is not None:
+            left += [
+                f"token process {pid}" for pid in processes_with(self.token) if pid not in tree
+            ]
+        if self.client is not None:
+            owned = {_own_container(e) for e in open_executors}
+            for cid in labelled_containers(self.client) - owned - self.containers:
+                left.append(f"container {cid[:12]}")
+            for executor in open_executors:
+                kind = getattr(executor.backend, "kind", "")
+                if kind in CONTAINER_BASE:
+                    inside = container_processes(executor)
+                    if len(inside) > CONTAINER_BASE[kind]:
+                        left.append(f"in the {kind} container: {inside}")
+        return left
+
+    def left(self, open_executors: Sequence[Any], within: float = 5.0) -> list[str]:
+        """What is still running that should not be, after waiting up to ``within`` s for it to
+        end (an engine removes a container, a block's wrapper exits, a moment after the call)."""
+        deadline = time.monotonic() + within
+        while (left := self._left_once(open_executors)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
 
 
 # A process that ignores every polite signal and sleeps for ten minutes; argv[1] is the token.

@@ -56,7 +56,8 @@ CASES: list[tuple[str, str, float, bool]] = [
         60,
         False,
     ),
-    # Last: on the Docker kernel these bytes wedge fd 1 for the rest of the session (13.2).
+    # Bytes that are not UTF-8 to fd 1, then a later write to fd 1 that must still arrive (13.2:
+    # these bytes once wedged the Docker kernel's fd 1 for the rest of the session).
     ("random-fd1", "import os\nos.write(1, os.urandom(100_000))\nprint()\n", 5, False),
     ("later-fd1", "import os\nos.write(1, b'later\\n')\n", 5, False),
 ]

@@ -13,6 +13,8 @@ from kx_adversarial import ALL, SLACK, backends, pairs
 
 from kernelexec import CodeBlock, KernelExecError, make_executor
 
+pytestmark = pytest.mark.usefixtures("nothing_left")
+
 NAN = math.nan
 
 
@@ -34,8 +36,12 @@ def test_unknown_or_missing_language_is_a_result(ex: Any) -> None:
 def test_empty_block(ex: Any, language: str) -> None:
     r = ex.execute("", language)
     assert (r.exit_code, r.output, r.error) == (0, "", None)
+    assert (r.stdout, r.stderr, r.outputs, r.files) == ("", "", [], [])
+    assert not (r.timed_out or r.truncated or r.kernel_died)
+    # An empty fence in a message is no block: nothing runs, and the result says so.
     r = ex.execute_message("```python\n```\n")
-    assert r.exit_code == 0
+    assert (r.exit_code, r.error, r.files, r.block_results) == (0, None, [], [])
+    assert r.output == "No code blocks found in the message; nothing was run.", r.output
     assert ex.execute("print('usable')").output == "usable\n"
 
 
@@ -76,22 +82,14 @@ def test_bad_executor_timeout_is_refused(backend: str, timeout: float, tmp_path:
         make_executor(backend, work_dir=tmp_path, timeout=timeout)
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(ALL),
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_nan_executor_timeout_is_refused(backend: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="timeout"):
         ex = make_executor(backend, work_dir=tmp_path, timeout=NAN)
         ex.close()
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(ALL),
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_a_work_dir_that_is_a_file(backend: str, tmp_path: Path) -> None:
     path = tmp_path / "a-file"
     path.write_text("not a folder")

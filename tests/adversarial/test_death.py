@@ -7,9 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import NothingLeft
 from kx_adversarial import ALL, DOCKER, KERNELS, SLACK, backends
 
 from kernelexec import make_executor
+
+# After each case: nothing left running (a dead kernel's processes, a dead kernel's container).
+pytestmark = pytest.mark.usefixtures("nothing_left")
 
 # The pause lets "before" leave the process: a message still queued in a kernel that dies is
 # sometimes lost with it (seen on the Docker kernel, about 1 run in 8: see the suite's report).
@@ -57,7 +61,9 @@ def test_segfault_names_the_signal(backend: str, ex: Any) -> None:
 
 
 @pytest.mark.parametrize("backend", backends(DOCKER), indirect=True)
-def test_memory_past_the_container_limit(backend: str, tmp_path: Path) -> None:
+def test_memory_past_the_container_limit(
+    backend: str, tmp_path: Path, nothing_left: NothingLeft
+) -> None:
     with make_executor(backend, work_dir=tmp_path, timeout=60, memory="256m") as ex:
         ex.execute("kept = 1")
         r = _timed(ex, BEFORE + "big = bytearray(1024 ** 3)\n", timeout=60)
@@ -66,3 +72,5 @@ def test_memory_past_the_container_limit(backend: str, tmp_path: Path) -> None:
         if backend in KERNELS:
             _check_kernel_died(ex, r)
         assert _timed(ex, "print('usable')").output == "usable\n"
+        # The killed block left nothing in the container, nor an old container behind.
+        nothing_left.check(also=(ex,))

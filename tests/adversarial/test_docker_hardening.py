@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import NothingLeft
 from kx_adversarial import DOCKER, KERNELS, SLACK, backends
 
 from kernelexec import make_executor
+
+pytestmark = pytest.mark.usefixtures("nothing_left")
 
 SECRET = "KXADV_HOST_SECRET"
 
@@ -74,21 +77,25 @@ def test_kill_9_pid_1(backend: str, ex: Any) -> None:
     assert ex.execute("print('usable')").output == "usable\n"
 
 
-@pytest.mark.parametrize(
-    "backend",
-    backends(DOCKER),
-    indirect=True,
-)
-def test_fork_bomb(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", backends(DOCKER), indirect=True)
+def test_fork_bomb(backend: str, tmp_path: Path, nothing_left: NothingLeft) -> None:
     with make_executor(backend, work_dir=tmp_path, timeout=30) as ex:
         ex.execute("kept = 'yes'")
         started = time.monotonic()
         r = ex.execute(":(){ :|:& };:", "shell", timeout=5)
         assert time.monotonic() - started < 5 + SLACK
-        # The bomb's first shell returns at once: the block ends with it, or times out.
-        assert r.exit_code in (0, 1, 124), r.output
         if backend in KERNELS:
+            # The kernel waits for the bomb's output to end, which it never does: every time.
+            assert r.timed_out and r.exit_code == 124 and not r.state_lost, r.output
             assert ex.execute("print(kept)").output == "yes\n"
-        # Blocks that need processes work again: the bomb is gone, not just paused.
+        else:
+            # The block ends with the bomb's first shell, which returns at once, and its wrapper
+            # kills the rest; now and then a process forked during that kill holds the output
+            # open and the block times out instead (1 run in 12 measured): both are clean.
+            assert r.exit_code == 0 or r.timed_out, r.output
+        # The bomb is gone, not paused: the container holds only its own processes (docker
+        # top, from the engine) ...
+        nothing_left.check(also=(ex,))
+        # ... and blocks that need processes work again.
         r = ex.execute("bash -c 'echo child'; echo done", "shell", timeout=20)
         assert (r.exit_code, r.output) == (0, "child\ndone\n"), r.output

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from kx_adversarial import ALL, backends
 
+pytestmark = pytest.mark.usefixtures("nothing_left")
+
 
 def _refused(ex: Any, code: str) -> None:
     r = ex.execute(code)
