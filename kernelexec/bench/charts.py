@@ -12,10 +12,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .runner import BenchResults, RowResult
 
@@ -106,13 +107,24 @@ def bars_figure(results: BenchResults) -> Figure:
             ecolor="#444444",
         )
         ax.bar_label(bars, labels=[_ms(v) for v in p50], fontsize=6, padding=2)
-        ax.set_yscale("log")
+        _log_ms_axis(ax)
         ax.set_xticks(x, [r.executor for r in rows], rotation=45, ha="right", fontsize=7)
         ax.set_title(workload)
         ax.set_ylabel("per-block latency, ms (log; p50, bars p10 to p90)", fontsize=8)
     _title(fig, "kernelexec bench: per-block latency by executor (hatched: floors)")
     _legend(fig, results, colours, "hatch")
     return fig
+
+
+def _log_ms_axis(ax: Axes) -> None:
+    """A log scale whose ticks read as plain milliseconds (60, 1000), not 6x10^1."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    # Between decades only 2x and 5x are named: enough to read a bar, not a wall of numbers.
+    ax.yaxis.set_minor_formatter(
+        FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
+    )
+    ax.tick_params(axis="y", which="minor", labelsize=6)
 
 
 def latency_figure(results: BenchResults) -> Figure:
@@ -129,7 +141,7 @@ def latency_figure(results: BenchResults) -> Figure:
                 color=colours[row.executor],
                 marker=".",
             )
-        ax.set_yscale("log")
+        _log_ms_axis(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("block number in the session")
         ax.set_ylabel("latency, ms (log; median over sessions)", fontsize=8)

@@ -1,11 +1,13 @@
 """Docker out of Docker, for real: kernelexec itself runs in a container (the engine's socket
-mounted, this project and its interpreter mounted read-only: no network, nothing installed),
-sees a host folder at another path, and runs blocks in sibling containers through ``bind_dir``."""
+mounted, no network; this project installed there from a wheel built offline, into the test's
+interpreter mounted read-only), sees a host folder at another path, and runs blocks in sibling
+containers through ``bind_dir``."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,11 +26,12 @@ INSIDE = "/data"  # where the application container sees the host folder
 
 APP = r"""
 import json, os, sys
+import kernelexec
 from kernelexec import (
     CommandLineExecutor, DockerCommand, DockerConfigError, DockerKernel, KernelExecutor,
 )
 host = sys.argv[1]
-report = {}
+report = {"installed_at": kernelexec.__file__}
 with KernelExecutor(backend=DockerKernel(bind_dir=host), work_dir="/data", timeout=60) as k:
     k.execute("x = 41")
     r = k.execute(
@@ -76,22 +79,45 @@ def _python_mounts() -> dict[str, dict[str, str]]:
     return {p: {"bind": p, "mode": "ro"} for p in prefixes}
 
 
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project as a wheel, built here without a network (hatchling is in the dev extra)."""
+    out = tmp_path_factory.mktemp("wheel")
+    build = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(PROJECT)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", *build],
+        check=True,
+        timeout=300,
+    )
+    assert len(list(out.glob("kernelexec-*.whl"))) == 1
+    return out
+
+
+#: in the application container: install the wheel (no index, no network), then run the app
+INSTALL_AND_RUN = (
+    '"$KX_PY" -m pip install -q --no-deps --no-index --disable-pip-version-check '
+    '--target /tmp/kx /wheels/kernelexec-*.whl && exec "$KX_PY" -c "$0" "$@"'
+)
+
+
 def run_app(
     client: docker.DockerClient,
     code: str,
     args: list[str],
     volumes: Mapping[str, Mapping[str, str]],
+    wheels: Path,
 ) -> tuple[str, Any]:
-    """Run ``code`` with this interpreter and this project in a fresh container; its stdout."""
+    """Install this project into a fresh container from its wheel, run ``code`` there with
+    this interpreter; its stdout."""
     container = client.containers.run(
         DEFAULT_IMAGE,
-        [sys.executable, "-c", code, *args],
+        ["/bin/sh", "-c", INSTALL_AND_RUN, code, *args],
         volumes={
             **_python_mounts(),
-            str(PROJECT): {"bind": "/src", "mode": "ro"},
+            str(wheels): {"bind": "/wheels", "mode": "ro"},
             **volumes,
         },
-        environment={"PYTHONPATH": "/src", "HOME": "/tmp"},
+        environment={"PYTHONPATH": "/tmp/kx", "HOME": "/tmp", "KX_PY": sys.executable},
         user="0:0",
         network_mode="none",
         working_dir="/tmp",
@@ -108,15 +134,20 @@ def run_app(
 
 
 def test_kernelexec_in_a_container_runs_blocks_in_sibling_containers_through_bind_dir(
-    docker_client: docker.DockerClient, tmp_path: Path
+    docker_client: docker.DockerClient, tmp_path: Path, wheel_dir: Path
 ) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     socket = {"/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"}}
     out, app = run_app(
-        docker_client, APP, [str(shared)], {**socket, str(shared): {"bind": INSIDE, "mode": "rw"}}
+        docker_client,
+        APP,
+        [str(shared)],
+        {**socket, str(shared): {"bind": INSIDE, "mode": "rw"}},
+        wheel_dir,
     )
     report = json.loads(out.strip().splitlines()[-1])
+    assert report["installed_at"].startswith("/tmp/kx/kernelexec/"), report  # the wheel's
     kernel, command = report["kernel"], report["command"]
     # The sibling kernel kept its state, and its plot is where the host and the app see it.
     assert kernel["ok"] and kernel["output"].strip().endswith("42"), kernel
@@ -138,8 +169,8 @@ def test_kernelexec_in_a_container_runs_blocks_in_sibling_containers_through_bin
 
 
 def test_engine_socket_not_mounted_says_how_to_mount_it(
-    docker_client: docker.DockerClient,
+    docker_client: docker.DockerClient, wheel_dir: Path
 ) -> None:
-    out, _ = run_app(docker_client, NO_SOCKET, [], {})
+    out, _ = run_app(docker_client, NO_SOCKET, [], {}, wheel_dir)
     assert "No Docker engine answers" in out
     assert "-v /var/run/docker.sock:/var/run/docker.sock" in out and "bind_dir" in out

@@ -436,3 +436,18 @@ def test_charts_give_each_executor_one_colour_everywhere(results: BenchResults) 
         assert all(float(t).is_integer() for t in ticks)  # block numbers are whole
     legend_texts = [t.get_text() for t in bars_figure(results).legends[0].get_texts()]
     assert any("floor" in t for t in legend_texts)
+
+
+def test_chart_axes_read_as_plain_milliseconds(results: BenchResults) -> None:
+    """Log axes are labelled 20, 50, 100, not 2x10^1; bars carry their values."""
+    from kernelexec.bench.charts import bars_figure, latency_figure
+
+    for fig in (bars_figure(results), latency_figure(results)):
+        fig.canvas.draw()
+        for panel in fig.axes:
+            labels = [t.get_text() for t in panel.get_yticklabels(which="both")]
+            shown = [label for label in labels if label]
+            assert shown and all(label.replace(".", "").isdigit() for label in shown), labels
+    for panel in bars_figure(results).axes:  # each bar's value written on it
+        assert len(panel.texts) == len(panel.patches) > 0
+        assert all(t.get_text().replace(".", "").isdigit() for t in panel.texts)
