@@ -117,7 +117,12 @@ def run_app(
             str(wheels): {"bind": "/wheels", "mode": "ro"},
             **volumes,
         },
-        environment={"PYTHONPATH": "/tmp/kx", "HOME": "/tmp", "KX_PY": sys.executable},
+        environment={
+            "PYTHONPATH": "/tmp/kx",
+            "HOME": "/tmp",
+            "KX_PY": sys.executable,
+            "PIP_USER": "0",  # the image installs to the user site; --target here
+        },
         user="0:0",
         network_mode="none",
         working_dir="/tmp",
