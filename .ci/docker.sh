@@ -17,26 +17,24 @@ _kx_docker_answers() {
     command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1
 }
 
+# TERM, up to 10 s to exit, then KILL.
+_kx_end_pid() {
+    [ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 0
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null || true
+}
+
 _kx_docker_stop() {
     if [ -n "$_KX_DOCKERD_PID" ] && kill -0 "$_KX_DOCKERD_PID" 2>/dev/null; then
         echo "docker.sh: stopping the dockerd started for this run (pid $_KX_DOCKERD_PID)"
-        kill -TERM "$_KX_DOCKERD_PID" 2>/dev/null || true
-        for _ in $(seq 1 100); do
-            kill -0 "$_KX_DOCKERD_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$_KX_DOCKERD_PID" 2>/dev/null || true
     fi
-    _KX_DOCKERD_PID=""
-    if [ -n "$_KX_CONTAINERD_PID" ] && kill -0 "$_KX_CONTAINERD_PID" 2>/dev/null; then
-        kill -TERM "$_KX_CONTAINERD_PID" 2>/dev/null || true
-        for _ in $(seq 1 100); do
-            kill -0 "$_KX_CONTAINERD_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$_KX_CONTAINERD_PID" 2>/dev/null || true
-    fi
-    _KX_CONTAINERD_PID=""
+    _kx_end_pid "$_KX_DOCKERD_PID"
+    _kx_end_pid "$_KX_CONTAINERD_PID"
+    _KX_DOCKERD_PID="" _KX_CONTAINERD_PID=""
 }
 
 # A machine restored from a snapshot can carry the last engine's pid files: dockerd then trusts

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from kx_python import relative_python
 
 from kernelexec import CommandLineExecutor
 
@@ -15,12 +15,7 @@ from kernelexec import CommandLineExecutor
 def test_relative_python_is_resolved_against_the_callers_cwd(
     form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caller = tmp_path / "caller"
-    caller.mkdir()
-    monkeypatch.chdir(caller)
-    target = sys.executable if form == "interpreter" else sys.prefix
-    relative = os.path.relpath(target)
-    assert not os.path.isabs(relative)
+    relative = relative_python(form, tmp_path, monkeypatch)
     work = tmp_path / "deeper" / "work"
     with CommandLineExecutor(python=relative, work_dir=work, timeout=30) as ex:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either

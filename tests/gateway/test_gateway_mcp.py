@@ -20,24 +20,23 @@ from mcp_types import TextContent
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_mcp_sessions_on_a_gateway(kernel_gateway: Gateway) -> None:
-    params = StdioServerParameters(
+def server(gateway: Gateway, *extra: str) -> StdioServerParameters:
+    """``kernelexec mcp --remote`` on ``gateway``, from this checkout."""
+    remote = ["--remote", gateway.url, "--remote-token", gateway.token, *extra]
+    return StdioServerParameters(
         command=sys.executable,
-        args=[
-            "-m",
-            "kernelexec",
-            "mcp",
-            "--remote",
-            kernel_gateway.url,
-            "--remote-token",
-            kernel_gateway.token,
-        ],
+        args=["-m", "kernelexec", "mcp", *remote],
         cwd=str(ROOT),
         env={"PYTHONPATH": str(ROOT)},
     )
 
-    def text(result: object) -> str:
-        return "\n".join(b.text for b in result.content if isinstance(b, TextContent))  # type: ignore[attr-defined]
+
+def text(result: object) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, TextContent))  # type: ignore[attr-defined]
+
+
+def test_mcp_sessions_on_a_gateway(kernel_gateway: Gateway) -> None:
+    params = server(kernel_gateway)
 
     async def scenario() -> None:
         async with Client(params, read_timeout_seconds=120) as client:
@@ -60,25 +59,7 @@ def test_file_tools_go_through_a_gateway_kernel(kernel_gateway: Gateway, tmp_pat
     must for a gateway on another machine."""
     remote = tmp_path / "gateway-side"
     remote.mkdir()
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=[
-            "-m",
-            "kernelexec",
-            "mcp",
-            "--remote",
-            kernel_gateway.url,
-            "--remote-token",
-            kernel_gateway.token,
-            "--remote-working-dir",
-            str(remote),
-        ],
-        cwd=str(ROOT),
-        env={"PYTHONPATH": str(ROOT)},
-    )
-
-    def text(result: object) -> str:
-        return "\n".join(b.text for b in result.content if isinstance(b, TextContent))  # type: ignore[attr-defined]
+    params = server(kernel_gateway, "--remote-working-dir", str(remote))
 
     async def scenario() -> None:
         async with Client(params, read_timeout_seconds=120) as client:

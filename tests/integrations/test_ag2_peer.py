@@ -4,13 +4,13 @@ installed next to it."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kx_python import relative_python
 
 pytest.importorskip("autogen.coding", reason="the ag2 extra is installed in CI (.ci/extras.sh)")
 
@@ -206,11 +206,7 @@ def test_timeout_and_work_dir_as_given_as_ag2(
 def test_relative_python_is_resolved_against_the_callers_cwd(
     kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caller = tmp_path / "caller"
-    caller.mkdir()
-    monkeypatch.chdir(caller)
-    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
-    assert not os.path.isabs(relative)
+    relative = relative_python(form, tmp_path, monkeypatch)
     block = [CodeBlock(code="import sys\nprint(sys.prefix)", language="python")]
     with AG2CodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "deep" / "work") as ours:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from kx_python import relative_python
 
 pytest.importorskip("autogen_ext.code_executors.local", reason="the autogen extra, installed in CI")
 
@@ -184,11 +185,7 @@ def test_cancel_ends_the_block_in_docker(kind: str, tmp_path: Path, docker_ready
 def test_relative_python_is_resolved_against_the_callers_cwd(
     kind: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caller = tmp_path / "caller"
-    caller.mkdir()
-    monkeypatch.chdir(caller)
-    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
-    assert not os.path.isabs(relative)
+    relative = relative_python(form, tmp_path, monkeypatch)
     code = py("import sys\nprint(sys.prefix)")
     adapter = KernelExecCodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "d" / "w")
     monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either

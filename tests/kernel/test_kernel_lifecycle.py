@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kx_python import relative_python
 
 from kernelexec import (
     AsyncKernelExecutor,
@@ -259,11 +260,7 @@ def test_relative_python_is_resolved_against_the_callers_cwd(
     form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 14.8: relative to the caller's cwd, not to the work dir the kernel starts in.
-    caller = tmp_path / "caller"
-    caller.mkdir()
-    monkeypatch.chdir(caller)
-    relative = os.path.relpath(sys.executable if form == "interpreter" else sys.prefix)
-    assert not os.path.isabs(relative)
+    relative = relative_python(form, tmp_path, monkeypatch)
     backend = LocalKernel(python=relative)
     with KernelExecutor(backend, work_dir=tmp_path / "deeper" / "work", timeout=60) as ex:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
