@@ -24,6 +24,7 @@ from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
 from .backends.local_kernel import LocalKernel
 
@@ -83,9 +84,23 @@ def _kx_setup():
         bound(sys.stderr)
 
     bound_streams()
+
+    # Before each display ipykernel flushes stdout and stderr, and a flush from the main thread
+    # waits for a round trip through the iopub thread: two per display, most of the kernel's
+    # time in a display loop. When a stream holds no text there is nothing to send ahead of
+    # the display, so its flush is skipped; text waiting is flushed (and waited for) as before.
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    pub = getattr(shell, "display_pub", None)
+    if pub is not None and hasattr(pub, "_flush_streams"):
+
+        def flush_streams():
+            for stream in (sys.stdout, sys.stderr):
+                if getattr(stream, "_buffers", True):  # not an OutStream, or text is waiting
+                    stream.flush()
+
+        pub._flush_streams = flush_streams
     # IPython 9 swaps a stream's ``write`` for a history tee around each cell and puts back
     # what it found afterwards, which drops the patch: so it is put on again as each cell starts.
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     if shell is not None:
         shell.events.register("pre_execute", bound_streams)
 
@@ -352,7 +367,7 @@ class _BlockRun:
             limit = grace_end if grace_end is not None else deadline
             wait = max(0.01, min(_POLL, limit - now))
             try:
-                msg = await self._client.get_iopub_msg(timeout=wait)
+                msgs = await iopub_batch(self._client, wait)
             except queue.Empty:
                 # The reply is in and iopub is quiet: its messages may lag the reply (a loaded
                 # machine), or the idle was lost. Waiting a fixed while cut off lagging output
@@ -363,14 +378,16 @@ class _BlockRun:
                         "", silent=True, store_history=False, stop_on_error=False
                     )
                 continue
-            parent = _parent_id(msg)
-            if marker is not None and parent == marker:
-                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
-            if parent != self._msg_id:
-                continue  # another request's message (a set-up run, an earlier block)
-            if _is_idle(msg):
-                return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
-            self._collector.feed(msg)
+            feed, msg_id = self._collector.feed, self._msg_id
+            for msg in msgs:
+                parent = _parent_id(msg)
+                if marker is not None and parent == marker:
+                    return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+                if parent != msg_id:
+                    continue  # another request's message (a set-up run, an earlier block)
+                if _is_idle(msg):  # the batch ends there: nothing after it was taken
+                    return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
+                feed(msg)
             last_seen = loop.time()  # after feeding: a slow feed is not silence
 
     async def _serve_stdin(self) -> None:

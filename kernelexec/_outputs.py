@@ -71,6 +71,18 @@ class TerminalText:
         self._cursor = 0
 
     def write(self, text: str) -> None:
+        if "\r" not in text and "\b" not in text and (last := text.rfind("\n")) != -1:
+            # Plain lines: the finished ones go to the sink in one piece, not line by line.
+            start = 0
+            if self._line:
+                first = text.find("\n")
+                self._apply(text[:first])
+                self._sink(self._line + "\n")
+                self._line, self._cursor = "", 0
+                start = first + 1
+            if start <= last:
+                self._sink(text[start : last + 1])
+            text = text[last + 1 :]
         start = 0
         # find() rather than split(): a 50 MB message must not become a 50 MB list of lines.
         while (end := text.find("\n", start)) != -1:

@@ -41,6 +41,7 @@ from ._docker import (
     merge_options,
     prepare_host_dir,
 )
+from ._iopub import receive_batch
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 
@@ -471,13 +472,23 @@ class _BlockClient(AsyncKernelClient):
 
     async def get_iopub_msg(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         msg: dict[str, Any] = await super().get_iopub_msg(*args, **kwargs)
+        self._note(msg)
+        return msg
+
+    async def get_iopub_batch(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """What IOPub holds after one wait (see ``_iopub``); ``Empty`` when nothing came."""
+        msgs = await receive_batch(self, timeout)
+        for msg in msgs:
+            self._note(msg)
+        return msgs
+
+    def _note(self, msg: dict[str, Any]) -> None:
         if (
             msg["msg_type"] == "status"
             and msg["content"].get("execution_state") == "idle"
             and msg["parent_header"].get("msg_id") == self._block_msg_id
         ):
             self.block_marked, self._block_msg_id = False, None
-        return msg
 
 
 def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:

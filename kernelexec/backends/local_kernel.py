@@ -33,6 +33,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
+from ._iopub import receive_batch
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
@@ -109,6 +110,17 @@ class _BlockTracker:
 
     async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = await self._kc.get_iopub_msg(timeout=timeout)
+        self._note(msg)
+        return msg
+
+    async def get_iopub_batch(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """What IOPub holds after one wait (see ``_iopub``); ``Empty`` when nothing came."""
+        msgs = await receive_batch(self._kc, timeout)
+        for msg in msgs:
+            self._note(msg)
+        return msgs
+
+    def _note(self, msg: dict[str, Any]) -> None:
         if (
             self._msg_id is not None
             and msg.get("msg_type") == "status"
@@ -116,7 +128,6 @@ class _BlockTracker:
             and msg.get("parent_header", {}).get("msg_id") == self._msg_id
         ):
             self._msg_id, self._owner._block_pids = None, None
-        return msg
 
     async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = await self._kc.get_shell_msg(timeout=timeout)
