@@ -7,6 +7,9 @@ One run, interleaved call by call so load from elsewhere hits both alike:
 - **per call**: ``execute`` through ``kernelexec mcp`` (a child process, the SDK's stdio client)
   beside ``AsyncKernelExecutor.execute`` on a kernel of this process (issue 15's target: within
   2 ms at the median);
+- **the SDK's own floor**: a one-tool MCP server on the same SDK (its tool returns the text it
+  was given) called the same way over stdio: what any MCP server costs per call here, before
+  kernelexec does anything;
 - **first call of a new session**: ``execute`` naming a session that does not exist yet, so the
   server takes a kernel from its warm pool (target: under 50 ms). Between two new sessions the
   script waits for the pool to refill (``--refill`` seconds), as a client's pauses would.
@@ -29,6 +32,15 @@ from kernelexec import AsyncKernelExecutor
 
 CODE = "x = 1"
 ROOT = Path(__file__).resolve().parents[1]
+#: the floor: the same SDK, one tool that does nothing but answer
+ECHO_SERVER = """
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("echo")
+@server.tool()
+async def execute(code: str) -> str:
+    return code
+server.run()
+"""
 
 
 def summary(name: str, seconds: list[float]) -> str:
@@ -47,12 +59,19 @@ async def main(blocks: int, new_sessions: int, refill: float) -> None:
         cwd=str(ROOT),
         env={"PYTHONPATH": str(ROOT)},
     )
+    echo = StdioServerParameters(command=sys.executable, args=["-c", ECHO_SERVER])
     mcp_times: list[float] = []
     api_times: list[float] = []
+    echo_times: list[float] = []
     first_times: list[float] = []
-    async with Client(params, read_timeout_seconds=120) as client, AsyncKernelExecutor() as api:
-        for _ in range(5):  # warm both paths (the default session's kernel, imports)
+    async with (
+        Client(params, read_timeout_seconds=120) as client,
+        Client(echo, read_timeout_seconds=120) as floor,
+        AsyncKernelExecutor() as api,
+    ):
+        for _ in range(5):  # warm every path (the default session's kernel, imports)
             await client.call_tool("execute", {"code": CODE})
+            await floor.call_tool("execute", {"code": CODE})
             await api.execute(CODE)
         for _ in range(blocks):
             t = time.perf_counter()
@@ -62,6 +81,9 @@ async def main(blocks: int, new_sessions: int, refill: float) -> None:
             t = time.perf_counter()
             await api.execute(CODE)
             api_times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await floor.call_tool("execute", {"code": CODE})
+            echo_times.append(time.perf_counter() - t)
         for i in range(new_sessions):
             await anyio.sleep(refill)  # the pool starts a kernel for each one taken
             t = time.perf_counter()
@@ -70,8 +92,11 @@ async def main(blocks: int, new_sessions: int, refill: float) -> None:
             assert not result.is_error
     print(summary("execute x = 1, Python API", api_times))
     print(summary("execute x = 1, MCP over stdio", mcp_times))
+    print(summary("the SDK's floor: a one-tool echo server", echo_times))
     gap = statistics.median(mcp_times) - statistics.median(api_times)
     print(f"{'MCP overhead at the median':<38} {gap * 1000:+.2f} ms (target: within 2 ms)")
+    ours = gap - statistics.median(echo_times)
+    print(f"{'  of which beyond the SDK floor':<38} {ours * 1000:+.2f} ms")
     print(summary("first call of a new session (MCP)", first_times))
     print(f"{'target for a new session':<38} under 50 ms")
 
