@@ -37,7 +37,7 @@ import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,22 +113,20 @@ class Jail(ABC):
 
     def kill_new(self, before: set[Member], spare: Iterable[int | None] = ()) -> None:
         """Kill every process that joined since ``before`` (except ``spare``), and go on until
-        none is left: a block that keeps forking is caught on a later pass, or frozen first
-        where the jail can freeze. What was there before is left alone."""
+        none is left: what a block that keeps forking starts is caught on a later pass. What was
+        there before is left alone. (Not frozen first: a kernel frozen just after its SIGINT
+        sometimes never raised KeyboardInterrupt, seen under cgroup v1 and v2.)"""
         keep = {pid for pid in spare if pid is not None}
         deadline = time.monotonic() + _EMPTY_WAIT
         while time.monotonic() < deadline:
-            with self._frozen():
-                new = {pid for pid, start in self.members() - before if pid not in keep}
-                kill_pids(new)
+            # A killed process can stay listed as a zombie until its parent reaps it: only
+            # running ones count.
+            fresh = self.members() - before
+            new = {pid for pid, _ in fresh if pid not in keep and _running(pid)}
             if not new:
                 return
+            kill_pids(new)
             time.sleep(0.005)
-
-    @contextlib.contextmanager
-    def _frozen(self) -> Iterator[None]:
-        """Nothing in the jail runs (forks) inside this block, where the jail can stop it."""
-        yield
 
 
 Member = tuple[int, int | None]
@@ -271,23 +269,6 @@ class _CgroupJail(Jail):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
-
-    @contextlib.contextmanager
-    def _frozen(self) -> Iterator[None]:
-        # v1's freezer only: v2's cgroup.freeze left a kernel deaf to the interrupt sent just
-        # before it (seen here); v2 relies on the repeated passes.
-        state = self.path / "freezer.state"
-        if self._flavour != "v1" or self._closed or not state.exists():
-            yield
-            return
-        _write(state, "FROZEN")
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and _read(state) == "FREEZING":
-            time.sleep(0.002)
-        try:
-            yield
-        finally:
-            _write(state, "THAWED")  # the frozen ones that were killed die once thawed
 
     def _kill_frozen(self) -> None:
         state = self.path / "freezer.state"
