@@ -336,34 +336,32 @@ class Hub:
             self._save_notebook(record)
         return target
 
-    def remote_files(self, name: str, relative: str) -> bool:
-        """Whether ``relative`` of session ``name`` lives with a kernel that does not share
-        this host's disk (a gateway's): then files go through the kernel. The session notebook
-        is the server's own, always here."""
+    def locate(self, name: str, relative: str) -> tuple[Path, bool]:
+        """``relative``'s path on this host (refused as ``path`` refuses it), and whether the
+        file lives with a kernel that does not share this host's disk (a gateway's): then it
+        goes through the kernel. The session notebook is the server's own, always here."""
         target = self.path(name, relative)
         if target.name == NOTEBOOK_NAME and target.parent == self.path(name, "."):
-            return False
+            return target, False
         backend = getattr(self.record(name).executor, "backend", None)
-        return not getattr(backend, "shares_work_dir", True)
+        return target, not getattr(backend, "shares_work_dir", True)
 
     async def write_file(self, name: str, relative: str, data: bytes) -> None:
         """Write a file into the session's work dir, wherever its kernel has it."""
-        target = self.path(name, relative)  # the same refusals either way
-        if self.remote_files(name, relative):
+        target, remote = self.locate(name, relative)
+        if remote:
             await self.record(name).executor.write_file(relative, data)
             return
         await asyncio.to_thread(_write_here, target, data)
 
     async def read_remote(self, name: str, relative: str) -> bytes:
-        """A file of a session whose kernel keeps its files (through the kernel, size-limited)."""
-        self.path(name, relative)
+        """A file ``locate`` placed with the kernel (read through it, size-limited)."""
         return await self.record(name).executor.read_file(relative)
 
     async def list_files_async(self, name: str, relative: str = ".") -> list[dict[str, Any]]:
         """``list_files``, through the kernel when the session's files live there."""
-        if not self.remote_files(name, relative):
+        if not self.locate(name, relative)[1]:
             return self.list_files(name, relative)
-        self.path(name, relative)
         executor = self.record(name).executor
         entries: list[dict[str, Any]] = []
         folders = [relative]

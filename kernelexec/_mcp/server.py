@@ -101,18 +101,29 @@ def _utf8_head(raw: bytes, *, cut: bool) -> str:
     return codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
 
 
-def _remote_file_content(path: str, data: bytes) -> CallToolResult:
-    """read_file's answer for a file that came through the kernel (no local path to link)."""
-    mime = _IMAGE_TYPES.get(Path(path).suffix.lower())
-    if mime is not None and len(data) <= MAX_INLINE_IMAGE:
-        encoded = base64.b64encode(data).decode("ascii")
+def _inline_image(name: str, size: int) -> str | None:
+    """The MIME type ``read_file`` sends a file named ``name`` as an image with (or None)."""
+    mime = _IMAGE_TYPES.get(Path(name).suffix.lower())
+    return mime if size <= MAX_INLINE_IMAGE else None
+
+
+def _file_content(
+    path: str, size: int, head: bytes, link: ResourceLink | None, mime: str | None
+) -> CallToolResult:
+    """read_file's answer from a file's first bytes (all of them for an inline image, of type
+    ``mime``); a binary file is named with ``link``, or said to be the remote kernel's."""
+    if mime is not None:
+        encoded = base64.b64encode(head).decode("ascii")
         return CallToolResult(content=[ImageContent(type="image", data=encoded, mime_type=mime)])
     try:
-        text = _utf8_head(data[:MAX_READ], cut=len(data) > MAX_READ)
+        text = _utf8_head(head[:MAX_READ], cut=size > MAX_READ)
     except UnicodeDecodeError:
-        return _text(f"{path} is binary ({len(data)} bytes); it lives with the remote kernel.")
-    if len(data) > MAX_READ:
-        text += f"\n[... truncated: the file has {len(data)} bytes; read the first {MAX_READ}]"
+        if link is None:
+            return _text(f"{path} is binary ({size} bytes); it lives with the remote kernel.")
+        note = TextContent(type="text", text=f"{path} is binary ({size} bytes).")
+        return CallToolResult(content=[note, link])
+    if size > MAX_READ:
+        text += f"\n[... truncated: the file has {size} bytes; read the first {MAX_READ}]"
     return _text(text)
 
 
@@ -293,29 +304,18 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         """Read a file from a session's work dir: text as text, images as images."""
 
         async def call() -> CallToolResult:
-            target = hub.path(session, path)
-            if hub.remote_files(session, path):
-                return _remote_file_content(path, await hub.read_remote(session, path))
+            target, remote = hub.locate(session, path)
+            if remote:
+                data = await hub.read_remote(session, path)
+                return _file_content(path, len(data), data, None, _inline_image(path, len(data)))
             if not target.is_file():
                 raise ValueError(f"no such file in the work dir: {path}")
             size = target.stat().st_size
-            mime = _IMAGE_TYPES.get(target.suffix.lower())
-            if mime is not None and size <= MAX_INLINE_IMAGE:
-                data = base64.b64encode(target.read_bytes()).decode("ascii")
-                return CallToolResult(
-                    content=[ImageContent(type="image", data=data, mime_type=mime)]
-                )
+            mime = _inline_image(target.name, size)
             with target.open("rb") as handle:
-                raw = handle.read(MAX_READ)
-            try:
-                text = _utf8_head(raw, cut=size > MAX_READ)
-            except UnicodeDecodeError:
-                link = _link(target, hub.path(session, "."), size)
-                note = TextContent(type="text", text=f"{path} is binary ({size} bytes).")
-                return CallToolResult(content=[note, link])
-            if size > MAX_READ:
-                text += f"\n[... truncated: the file has {size} bytes; read the first {MAX_READ}]"
-            return _text(text)
+                head = handle.read(-1 if mime else MAX_READ)
+            link = _link(target, hub.path(session, "."), size)
+            return _file_content(path, size, head, link, mime)
 
         return await _tool_errors(call())
 
