@@ -39,6 +39,7 @@ from . import _containment
 from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
+from .local_kernel import BlockTracker
 
 _log = logging.getLogger("kernelexec")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
@@ -175,6 +176,9 @@ class ForkKernel(KernelBackend):
         self.python = sys.executable if python is None else resolve_python(python)
         self.shutdown_wait = shutdown_wait
         self._kc: AsyncKernelClient | None = None
+        self._tracker: BlockTracker | None = None
+        #: the jail's processes when the running block started (None: no block runs)
+        self._block_pids: set[_containment.Member] | None = None
         self._jail: _containment.Jail | None = None
         self._pid: int | None = None
         self._server_pid: int | None = None
@@ -184,9 +188,12 @@ class ForkKernel(KernelBackend):
 
     @property
     def client(self) -> KernelClientLike:
-        if self._kc is None:
+        if self._tracker is None:
             raise KernelStartFailed("the kernel is not running")
-        return self._kc
+        return self._tracker
+
+    def _jail_pids(self) -> set[_containment.Member]:
+        return set() if self._jail is None else self._jail.members()
 
     @property
     def pid(self) -> int | None:
@@ -217,6 +224,7 @@ class ForkKernel(KernelBackend):
             "cwd": str(self._work_dir),
             "env": self._env,
             "log": os.path.join(self._dir, "kernel.log"),
+            "status": os.path.join(self._dir, "exit-status"),
             "cgroup": self._cgroup_procs(),
         }
         self._pid = await asyncio.to_thread(server.fork, request, timeout)
@@ -234,6 +242,7 @@ class ForkKernel(KernelBackend):
     async def _connect(self, timeout: float) -> None:
         assert self._dir is not None
         self._kc = kc = AsyncKernelClient(connection_file=os.path.join(self._dir, "kernel.json"))
+        self._tracker = BlockTracker(kc, self)
         kc.load_connection_file()
         deadline = time.monotonic() + timeout
         try:
@@ -245,9 +254,14 @@ class ForkKernel(KernelBackend):
             raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
 
     async def interrupt(self) -> None:
+        """SIGINT to the kernel; and SIGKILL to every process the running block started that
+        still runs (what earlier blocks started is left alone, as in ``LocalKernel``)."""
         if self._pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self._pid, signal.SIGINT)
+        before = self._block_pids
+        if before is not None and self._jail is not None:
+            await asyncio.to_thread(self._jail.kill_new, before, (self._pid,))
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop(polite=False)  # state is lost either way
@@ -259,7 +273,27 @@ class ForkKernel(KernelBackend):
     def death_reason(self) -> str | None:
         if self._pid is None or self._running():
             return None
-        return "the kernel process exited"
+        status = self._exit_status()
+        if status is None:
+            return "the kernel process exited"
+        if status < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by signal {signal.Signals(-status).name}"
+        return f"exit status {status}"
+
+    def _exit_status(self) -> int | None:
+        """What the server's reaper wrote for the kernel (it is the kernel's parent; it writes
+        just after the kernel is gone, so a moment is allowed for it)."""
+        if self._dir is None:
+            return None
+        path = os.path.join(self._dir, "exit-status")
+        deadline = time.monotonic() + 0.5
+        while True:
+            with contextlib.suppress(OSError, ValueError), open(path, encoding="ascii") as f:
+                return int(f.read())
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
 
     async def shutdown(self) -> None:
         await self._stop(polite=True)
@@ -277,6 +311,7 @@ class ForkKernel(KernelBackend):
 
     async def _stop(self, *, polite: bool) -> None:
         kc, self._kc = self._kc, None
+        self._tracker, self._block_pids = None, None
         pid, self._pid = self._pid, None
         try:
             if kc is not None and polite and pid is not None:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
@@ -74,7 +74,15 @@ class _WrappedSpecs(KernelSpecManager):
         return KernelSpec(resource_dir=spec.resource_dir, **fields)
 
 
-class _BlockTracker:
+class BlockOwner(Protocol):
+    """A back end whose jail's processes a ``BlockTracker`` notes at each block's start."""
+
+    _block_pids: set[_containment.Member] | None
+
+    def _jail_pids(self) -> set[_containment.Member]: ...
+
+
+class BlockTracker:
     """The kernel client, noting which block (a non-silent execute request) is running.
 
     A block starts when its request is sent and ends with the kernel's ``idle`` status for it;
@@ -82,7 +90,7 @@ class _BlockTracker:
     processes from those earlier blocks left running on purpose (a server, say).
     """
 
-    def __init__(self, kc: AsyncKernelClient, owner: LocalKernel) -> None:
+    def __init__(self, kc: AsyncKernelClient, owner: BlockOwner) -> None:
         self._kc, self._owner = kc, owner
         self._msg_id: str | None = None
 
@@ -160,7 +168,7 @@ class LocalKernel(KernelBackend):
         #: how the kernel's processes are held, as for ``LocalCommand.containment``
         self.containment = _containment.mechanism(containment)
         self._jail: _containment.Jail | None = None
-        self._tracker: _BlockTracker | None = None
+        self._tracker: BlockTracker | None = None
         self._kernel_pid: int | None = None  # under the subreaper helper, once known
         #: the jail's processes when the running block started (None: no block runs)
         self._block_pids: set[_containment.Member] | None = None
@@ -257,7 +265,7 @@ class LocalKernel(KernelBackend):
     async def _connect(self, timeout: float) -> None:
         assert self._km is not None
         self._kc = kc = self._km.client()
-        self._tracker = _BlockTracker(kc, self)
+        self._tracker = BlockTracker(kc, self)
         start_channels(kc)
         try:
             await kc.wait_for_ready(timeout=timeout)

@@ -19,21 +19,23 @@ from typing import Any
 
 import pytest
 
-COMMAND, KERNEL, DOCKER_COMMAND, DOCKER_KERNEL = (
+COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL = (
     "command",
     "kernel",
+    "fork-kernel",
     "docker-command",
     "docker-kernel",
 )
-ALL = (COMMAND, KERNEL, DOCKER_COMMAND, DOCKER_KERNEL)
-KERNELS = (KERNEL, DOCKER_KERNEL)
+ALL = (COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL)
+KERNELS = (KERNEL, FORK_KERNEL, DOCKER_KERNEL)
 COMMANDS = (COMMAND, DOCKER_COMMAND)
 DOCKER = (DOCKER_COMMAND, DOCKER_KERNEL)
-LOCAL = (COMMAND, KERNEL)
+LOCAL = (COMMAND, KERNEL, FORK_KERNEL)
 
 _TIER = {
     COMMAND: pytest.mark.command,
     KERNEL: pytest.mark.kernel,
+    FORK_KERNEL: pytest.mark.kernel,
     DOCKER_COMMAND: pytest.mark.docker,
     DOCKER_KERNEL: pytest.mark.docker,
 }

@@ -93,8 +93,32 @@ def test_death_is_noticed_and_a_new_kernel_follows(tmp_path: Path) -> None:
         ex.execute("x = 1")
         r = ex.execute("import os; os._exit(3)")
         assert r.kernel_died and r.state_lost
+        assert "exit status 3" in r.output  # the server, the kernel's parent, told us
         assert ex.execute("'x' in dir()").output == "False"
         assert ex.execute("1 + 1").output == "2"
+
+
+def test_history_is_kept_in_memory_not_in_the_profile(ex: KernelExecutor) -> None:
+    ex.execute("first = 'a'")
+    out = ex.execute("%history -l 2").output
+    assert "first = 'a'" in out
+    assert ex.execute("get_ipython().history_manager.hist_file").output == "':memory:'"
+
+
+def test_a_kernel_with_its_own_ipython_dir_reads_its_own_profile(tmp_path: Path) -> None:
+    """The server prepared the kernel application under its own environment; a kernel whose
+    environment names other config folders must not get the server's."""
+    home = tmp_path / "ipython"
+    startup = home / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-mark.py").write_text("MARK = 'from my profile'\n")
+    with make_executor(
+        "fork-kernel", work_dir=tmp_path / "w", timeout=30, env={"IPYTHONDIR": str(home)}
+    ) as ex:
+        assert ex.execute("MARK").output == "'from my profile'"
+        assert ex.execute("get_ipython().profile_dir.location").output == repr(
+            str(home / "profile_default")
+        )
 
 
 def test_restart_loses_state_and_close_ends_the_kernel_and_its_children(
