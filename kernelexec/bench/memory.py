@@ -60,6 +60,22 @@ def rss_bytes(pid: int) -> int:
     return int(fields[1]) * _PAGE
 
 
+def uss_bytes(pid: int) -> int | None:
+    """Memory only this process holds (USS: its private clean and dirty pages, from
+    ``smaps_rollup``); pages a forked kernel still shares with its server are not counted.
+    None when it cannot be read (gone, or a kernel before Linux 4.14)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("Private_Clean", "Private_Dirty"):
+                    total += int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
 def tree_rss(root: int) -> int:
     """Summed RSS of every descendant of ``root`` (not ``root`` itself)."""
     return sum(rss_bytes(p) for p in descendants(root))

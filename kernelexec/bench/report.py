@@ -142,6 +142,12 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             threshold=1.3,
         ),
         TargetCheck.evaluate(
+            name="kernel round trip below the floor",
+            description="trivial block p50, kernelexec kernel / raw jupyter_client (issue 17)",
+            value=ratio(b(results, "trivial", "kernel"), b(results, "trivial", "jupyter-client")),
+            threshold=0.7,
+        ),
+        TargetCheck.evaluate(
             name="kernel start",
             description="start to first result p50, kernelexec kernel / raw KernelManager",
             value=ratio(startup_p50(results, "kernel"), startup_p50(results, "jupyter-client")),
@@ -161,6 +167,20 @@ def targets(results: BenchResults) -> list[TargetCheck]:
                 startup_p50(results, "fork-kernel"), startup_p50(results, "jupyter-client")
             ),
             threshold=0.1,
+        ),
+        TargetCheck.evaluate(
+            name="fork kernel memory",
+            description="unique memory (USS) of an idle forked kernel after the trivial session",
+            value=workload_metric_p50(results, "trivial", "fork-kernel", "kernel_uss_mib"),
+            threshold=15.0,
+            unit="MiB",
+        ),
+        TargetCheck.evaluate(
+            name="fork kernel first DataFrame",
+            description="first block of the imports session (builds a DataFrame), pandas warm",
+            value=first_block_p50(results, "imports", "fork-kernel"),
+            threshold=0.100,
+            unit="s",
         ),
         TargetCheck.evaluate(
             name="stateless block",
@@ -228,6 +248,26 @@ def targets(results: BenchResults) -> list[TargetCheck]:
         )
     )
     return checks
+
+
+def workload_metric_p50(
+    results: BenchResults, workload: str, executor: str, metric: str
+) -> float | None:
+    """A row's own figure in one workload's sessions."""
+    row = results.row(workload, executor)
+    if row is None:
+        return None
+    values = [s.metrics[metric] for s in row.sessions if metric in s.metrics and s.error is None]
+    return percentile(values, 50) if values else None
+
+
+def first_block_p50(results: BenchResults, workload: str, executor: str) -> float | None:
+    """The first block after the start probe, over a row's sessions."""
+    row = results.row(workload, executor)
+    if not _ok(row) or row is None:
+        return None
+    values = [s.block_s[0] for s in row.sessions if s.block_s and s.error is None]
+    return percentile(values, 50) if values else None
 
 
 def metric_p50(results: BenchResults, executor: str, metric: str) -> float | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .memory import uss_bytes
 from .workloads import DATA_FILE
 
 # The same environment the stateless executor gives its processes, so floors do equal work.
@@ -263,6 +264,7 @@ class KernelexecSession(Session):
 
     def __init__(self, executor: Any) -> None:
         self.executor = executor
+        self.kernel_uss: int | None = None
         try:
             executor.start()
         except BaseException:
@@ -279,7 +281,17 @@ class KernelexecSession(Session):
         return Outcome(ok=bool(result.ok), text=str(result.output))
 
     def close(self) -> None:
+        # The kernel's own memory, idle after the session's blocks (for the fork kernel's
+        # target): read before close ends it.
+        pid = getattr(getattr(self.executor, "backend", None), "pid", None)
+        if isinstance(pid, int):
+            self.kernel_uss = uss_bytes(pid)
         self.executor.close()
+
+    def metrics(self) -> dict[str, float]:
+        if self.kernel_uss is None:
+            return {}
+        return {"kernel_uss_mib": self.kernel_uss / 2**20}
 
 
 class PoolSession(KernelexecSession):
@@ -298,7 +310,7 @@ class PoolSession(KernelexecSession):
         return str(work_dir / DATA_FILE)
 
     def metrics(self) -> dict[str, float]:
-        return {"acquire_s": self.acquire_s}
+        return {**super().metrics(), "acquire_s": self.acquire_s}
 
     def settle(self) -> None:
         wait_for_idle(self.pool, self.settle_timeout)

@@ -99,7 +99,7 @@ class TargetCheck:
     higher_is_better: bool
     met: bool | None
     note: str = ""
-    unit: str = "x"  # "x": a ratio; "s": seconds
+    unit: str = "x"  # "x": a ratio; "s": seconds; "MiB": memory
 
     @classmethod
     def evaluate(
@@ -137,6 +137,8 @@ class TargetCheck:
         return "met" if self.met else "NOT met"
 
     def format(self, value: float | None) -> str:
+        if self.unit == "MiB":
+            return "-" if value is None else f"{value:.1f} MiB"
         return format_seconds(value) if self.unit == "s" else format_ratio(value)
 
     @property

@@ -57,15 +57,17 @@ def trivial(quick: bool) -> Workload:
     )
 
 
+# The first block builds a DataFrame: with pandas in a fork server's warm-up list, its time is
+# the fork kernel's "first DataFrame block" target.
 _IMPORT_BLOCKS = (
+    "import numpy as np\nimport pandas as pd\n"
+    "df = pd.DataFrame({'a': np.arange(10), 'b': np.arange(10) ** 2})\nprint(int(df.b.sum()))",
     "import numpy as np\nimport pandas as pd\nprint(int(np.arange(100).sum()))",
     "import numpy as np\nimport pandas as pd\n"
     "s = pd.Series(np.linspace(0, 1, 1000))\nprint(round(float(s.mean()), 3))",
-    "import numpy as np\nimport pandas as pd\n"
-    "df = pd.DataFrame({'a': np.arange(10), 'b': np.arange(10) ** 2})\nprint(int(df.b.sum()))",
     "import numpy as np\nimport pandas as pd\nprint(pd.__version__.count('.') > 0)",
 )
-_IMPORT_EXPECT = ("4950", "0.5", "285", "True")
+_IMPORT_EXPECT = ("285", "4950", "0.5", "True")
 
 
 def imports(quick: bool) -> Workload:

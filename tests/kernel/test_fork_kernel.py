@@ -291,3 +291,15 @@ def _marked(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_the_bench_reads_an_idle_forked_kernels_own_memory_before_close(tmp_path: Path) -> None:
+    from kernelexec.bench.sessions import KernelexecSession
+
+    session = KernelexecSession(make_executor("fork-kernel", work_dir=tmp_path, timeout=30))
+    assert session.run("x = 1; x", 30).text == "1"
+    pid = session.executor.backend.pid
+    session.close()
+    uss = session.metrics()["kernel_uss_mib"]
+    assert 1 < uss < 40, uss  # what only this kernel holds: a cold kernel alone is ~50 MiB
+    assert _gone_within(pid)

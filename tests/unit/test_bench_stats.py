@@ -451,3 +451,19 @@ def test_chart_axes_read_as_plain_milliseconds(results: BenchResults) -> None:
     for panel in bars_figure(results).axes:  # each bar's value written on it
         assert len(panel.texts) == len(panel.patches) > 0
         assert all(t.get_text().replace(".", "").isdigit() for t in panel.texts)
+
+
+def test_fork_kernel_memory_and_first_dataframe_targets(results: BenchResults) -> None:
+    trivial = _row("trivial", "fork-kernel", [0.003], startup=0.05, stateful=True)
+    trivial.sessions[0].metrics = {"kernel_uss_mib": 17.25}
+    imports = _row("imports", "fork-kernel", [0.04, 0.3, 0.3], startup=0.05, stateful=True)
+    imports.sessions[0].metrics = {"kernel_uss_mib": 80.0}  # another workload: not counted
+    results.rows += [trivial, imports]
+    checks = {t.name: t for t in report.targets(results)}
+    memory = checks["fork kernel memory"]
+    assert memory.value == pytest.approx(17.25) and memory.met is False
+    assert memory.format(memory.value) == "17.2 MiB" and memory.threshold_text == "≤ 15.0 MiB"
+    first = checks["fork kernel first DataFrame"]
+    assert first.value == pytest.approx(0.04) and first.met is True
+    below = checks["kernel round trip below the floor"]
+    assert below.value == pytest.approx(1.5) and below.met is False
