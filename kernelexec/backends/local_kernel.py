@@ -33,6 +33,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
+from ._fork_server import KERNEL_ARGS
 from ._iopub import receive_batch
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
@@ -72,6 +73,15 @@ class _WrappedSpecs(KernelSpecManager):
         fields = spec.to_dict()
         fields["argv"] = self._wrap(argv)
         return KernelSpec(resource_dir=spec.resource_dir, **fields)
+
+
+def _ipykernel_args(km: AsyncKernelManager) -> list[str]:
+    """kernelexec's changes to ipykernel's defaults (``_fork_server.KERNEL_ARGS``: the input
+    history in memory, one sqlite write less per block), for IPython kernels only: another
+    kernelspec's program would not know the options."""
+    spec = km.kernel_spec
+    argv = " ".join(spec.argv) if spec is not None else ""
+    return list(KERNEL_ARGS) if "ipykernel" in argv else []
 
 
 class BlockOwner(Protocol):
@@ -234,6 +244,7 @@ class LocalKernel(KernelBackend):
             await km.start_kernel(
                 cwd=str(self._work_dir),
                 env=self._env,
+                extra_arguments=_ipykernel_args(km),
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 **jail.popen_kwargs(),

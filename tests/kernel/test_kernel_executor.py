@@ -40,6 +40,14 @@ def test_state_persists_across_blocks(ex: KernelExecutor) -> None:
     assert r.execution_count is not None
 
 
+def test_history_is_kept_in_memory_not_in_the_users_profile(ex: KernelExecutor) -> None:
+    """kernelexec's one change to ipykernel's defaults (README): no sqlite write per block, and
+    agents' code does not land in the user's own IPython history."""
+    ex.execute("remembered = 5")
+    assert "remembered = 5" in ex.execute("%history -l 3").output
+    assert ex.execute("get_ipython().history_manager.hist_file").output == "':memory:'"
+
+
 def test_dataframe_example_from_the_issue(ex: KernelExecutor) -> None:
     pd = pytest.importorskip("pandas")
     assert pd is not None
