@@ -55,8 +55,13 @@ def _kx_setup():
         import zmq
         from ipykernel.kernelapp import IPKernelApp
         if IPKernelApp.initialized():
-            thread = IPKernelApp.instance().iopub_thread
+            app = IPKernelApp.instance()
+            thread = app.iopub_thread
             thread.schedule(lambda: thread.socket.setsockopt(zmq.SNDHWM, 0))
+            # ipykernel sleeps 0.5 ms before each reply "so outputs reach clients first"; the
+            # executor waits for the block's idle status and its marker instead.
+            if hasattr(app.kernel, "_execute_sleep"):
+                app.kernel._execute_sleep = 0
     except Exception:
         pass
 

@@ -48,6 +48,15 @@ def test_history_is_kept_in_memory_not_in_the_users_profile(ex: KernelExecutor) 
     assert ex.execute("get_ipython().history_manager.hist_file").output == "':memory:'"
 
 
+def test_no_output_is_lost_across_many_quick_blocks(ex: KernelExecutor) -> None:
+    """Each block's stream must reach the host before its idle status; a flush that did not
+    wait for the iopub thread let the idle overtake the text (seen: about one block in 20
+    returned '' with exit 0)."""
+    for i in range(150):
+        assert ex.execute(str(i)).output == str(i)
+        assert ex.execute(f"print({i})").output == f"{i}\n", i
+
+
 def test_dataframe_example_from_the_issue(ex: KernelExecutor) -> None:
     pd = pytest.importorskip("pandas")
     assert pd is not None
