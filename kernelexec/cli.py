@@ -23,7 +23,7 @@ from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
-from .backends._docker_options import DEFAULT_IMAGE
+from .backends._docker_options import DEFAULT_IMAGE, LAUNCHERS_IMAGE
 
 if TYPE_CHECKING:
     from ._executor import SyncExecutor
@@ -311,9 +311,11 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from ._image import build_image
+    from ._image import build_image, build_launcher_image
 
     build_image(offline=args.offline, tag=args.tag, mirror=args.mirror, force=args.force)
+    if args.with_launchers:
+        build_launcher_image(base=args.tag, tag=args.launchers_tag, force=args.force)
     return 0
 
 
@@ -340,6 +342,17 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
     build.add_argument("--mirror", help="Debian mirror for --offline (default: apt's)")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    build.add_argument(
+        "--with-launchers",
+        action="store_true",
+        help="also build an image with gateway_provisioners' kernel launchers on top, for "
+        "kernels on a cluster engine (needs kernelexec[cluster]; the build stays offline)",
+    )
+    build.add_argument(
+        "--launchers-tag",
+        default=LAUNCHERS_IMAGE,
+        help=f"name of the image with the launchers (default {LAUNCHERS_IMAGE})",
+    )
     build.set_defaults(func=cmd_image_build)
     gc = sub.add_parser(
         "gc",
