@@ -346,6 +346,7 @@ def build_launcher_image(
         if not force and call("inspect", _labelled, client, tag, LABEL_RECIPE) == recipe:
             progress(f"{tag} is up to date (recipe {recipe}); nothing to build.")
             return BuildResult(tag=tag, recipe=recipe, skipped=True)
+        previous = call("inspect", _image_id, client, tag)
         with tempfile.TemporaryDirectory(prefix="kernelexec-launchers-") as tmp:
             context = Path(tmp)
             recipe_file = context / "Dockerfile.launchers"
@@ -363,6 +364,9 @@ def build_launcher_image(
                 labels=labels,
             )
         progress(f"Built {tag} (recipe {recipe}).")
+        if previous is not None and previous != call("inspect", _image_id, client, tag):
+            with contextlib.suppress(docker.errors.APIError):  # in use: the engine refuses
+                client.images.remove(previous)
         return BuildResult(tag=tag, recipe=recipe, skipped=False)
     finally:
         client.close()
