@@ -359,17 +359,21 @@ class ProvisionedKernel(KernelBackend):
         fd, self._log_path = tempfile.mkstemp(prefix="kernelexec-launcher-", suffix=".log")
         try:
             # The launcher is a local process: its output goes to a log, never to our stdout.
-            launch = _on_provisioner_loop(
-                _start_kernel, km, self._launch_env(), subprocess.DEVNULL, fd
+            launch = asyncio.ensure_future(
+                _on_provisioner_loop(_start_kernel, km, self._launch_env(), subprocess.DEVNULL, fd)
             )
             try:
                 # The provisioner has its own launch timeout; this one is the backstop.
-                await asyncio.wait_for(launch, timeout + 15)
-            except asyncio.TimeoutError:
-                raise KernelStartFailed(
-                    f"the provisioner did not start kernel {self.kernel_name!r} "
-                    f"within {timeout:g} s"
-                ) from None
+                done, _ = await asyncio.wait({launch}, timeout=timeout + 15)
+                if not done:
+                    launch.cancel()
+                    with contextlib.suppress(BaseException):
+                        await launch
+                    raise KernelStartFailed(
+                        f"the provisioner did not start kernel {self.kernel_name!r} "
+                        f"within {timeout:g} s"
+                    )
+                launch.result()
             except PermissionError as exc:
                 raise KernelStartFailed(
                     f"the provisioner refused to start the kernel: {exc} "
@@ -463,9 +467,21 @@ async def _shutdown(km: AsyncKernelManager, now: bool) -> None:
             with contextlib.suppress(Exception):
                 await provisioner.cleanup(restart=False)
     finally:
+        _reap_launcher(provisioner)
         context = getattr(km, "context", None)
         if context is not None and not context.closed:
             context.destroy(linger=0)
+
+
+def _reap_launcher(provisioner: Any) -> None:
+    """Collect the provisioner's local launcher process (a failed launch leaves it unwaited)."""
+    proc = getattr(provisioner, "local_proc", None)
+    if not isinstance(proc, subprocess.Popen):
+        return
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 def _tail(path: str | None, lines: int = 3) -> str:
