@@ -261,6 +261,8 @@ class ProvisionedKernel(KernelBackend):
         self._env: dict[str, str] = {}
         self._death: str | None = None
         self._log_path: str | None = None
+        #: kernels whose service or pod could not be removed yet (see ``_stop``)
+        self._orphans: list[AsyncKernelManager] = []
 
     @staticmethod
     def available_kernels() -> dict[str, str]:
@@ -290,10 +292,7 @@ class ProvisionedKernel(KernelBackend):
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         self._cwd = self.working_dir or str(work_dir)
         self._env = dict(env)
-        spec = await asyncio.to_thread(self._spec)
-        provisioner = provisioner_of(spec)
-        await asyncio.to_thread(check_provisioner, self.kernel_name, provisioner)
-        await asyncio.to_thread(preflight, provisioner, spec)
+        await self._checks()
         await self._launch(timeout)
 
     async def interrupt(self) -> None:
@@ -307,9 +306,24 @@ class ProvisionedKernel(KernelBackend):
 
     async def restart(self, *, timeout: float) -> None:
         # A new kernel (a new service or pod), not the provisioner's in-place restart: no
-        # stale messages, and what the old one left is removed with it.
+        # stale messages, and what the old one left is removed with it. The checks run again:
+        # an engine that went away is reported as such, not as a launcher failure.
         await self._stop(now=True)
+        await self._remove_orphans()
+        await self._checks()
         await self._launch(timeout)
+
+    async def _checks(self) -> None:
+        spec = await asyncio.to_thread(self._spec)
+        provisioner = provisioner_of(spec)
+        await asyncio.to_thread(check_provisioner, self.kernel_name, provisioner)
+        await asyncio.to_thread(preflight, provisioner, spec)
+
+    async def _remove_orphans(self) -> None:
+        orphans, self._orphans = self._orphans, []
+        for km in orphans:
+            if not await _on_provisioner_loop(_shutdown, km, True):
+                self._orphans.append(km)
 
     async def is_alive(self) -> bool:
         km = self._km
@@ -331,6 +345,10 @@ class ProvisionedKernel(KernelBackend):
 
     async def shutdown(self) -> None:
         await self._stop(now=False)
+        await self._remove_orphans()
+        if self._orphans:
+            names = ", ".join(str(km.kernel_id) for km in self._orphans)
+            log.warning("could not remove the service or pod of kernel(s) %s", names)
 
     # -- internals -------------------------------------------------------------------------------
     def _spec(self) -> KernelSpec:
@@ -436,8 +454,10 @@ class ProvisionedKernel(KernelBackend):
                 client.kc.stop_channels()
                 with contextlib.suppress(Exception):
                     client.kc.context.destroy(linger=0)
-            if km is not None:
-                await _on_provisioner_loop(_shutdown, km, now)
+            if km is not None and not await _on_provisioner_loop(_shutdown, km, now):
+                # The engine did not answer (restarting, say): what the provisioner made is
+                # removed on a later restart or close instead of being forgotten.
+                self._orphans.append(km)
         finally:
             if log_path is not None:
                 with contextlib.suppress(OSError):
@@ -449,8 +469,9 @@ async def _start_kernel(km: AsyncKernelManager, env: dict[str, str], stdout: Any
     await km.start_kernel(env=env, stdout=stdout, stderr=err)
 
 
-async def _shutdown(km: AsyncKernelManager, now: bool) -> None:
-    """Stop the kernel and have the provisioner remove what it created (service, pod)."""
+async def _shutdown(km: AsyncKernelManager, now: bool) -> bool:
+    """Stop the kernel and have the provisioner remove what it created (service, pod); False
+    when that could not be confirmed (the engine did not answer)."""
     provisioner = km.provisioner
     try:
         if km.has_kernel:
@@ -459,13 +480,18 @@ async def _shutdown(km: AsyncKernelManager, now: bool) -> None:
             # A launch that failed half-way: the provisioner may still hold a service or pod.
             await provisioner.kill()
             await provisioner.cleanup(restart=False)
+        return True
     except Exception as exc:
         log.warning("stopping provisioned kernel %s: %r", km.kernel_id, exc)
-        if provisioner is not None:
-            with contextlib.suppress(Exception):
-                await provisioner.kill()
-            with contextlib.suppress(Exception):
-                await provisioner.cleanup(restart=False)
+        if provisioner is None:
+            return False
+        with contextlib.suppress(Exception):
+            await provisioner.cleanup(restart=False)
+        try:
+            await provisioner.kill()
+        except Exception:
+            return False
+        return True
     finally:
         _reap_launcher(provisioner)
         context = getattr(km, "context", None)

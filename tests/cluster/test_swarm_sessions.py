@@ -8,6 +8,7 @@ kernel, the service, the interrupt through the launcher's listener and the remov
 from __future__ import annotations
 
 import base64
+import textwrap
 
 import pytest
 from kx_cluster import Swarm
@@ -97,3 +98,89 @@ def test_two_sessions_at_once(swarm: Swarm) -> None:
     assert out_a == "'a'" and out_b == "'b'" and id_a != id_b
     assert not [s for s in r["left"] if id_a in s or id_b in s]
     assert r["containers"] == []
+
+
+#: a stand-in for the engine's socket that can be taken away: the engine "restarting"
+_ENGINE_PROXY = """
+import socket, threading
+PROXY = "/tmp/engine.sock"
+class Engine:
+    def up(self):
+        if os.path.exists(PROXY):
+            os.unlink(PROXY)
+        self.server, self.open = socket.socket(socket.AF_UNIX), []
+        self.server.bind(PROXY)
+        self.server.listen(64)
+        threading.Thread(target=self._serve, args=(self.server,), daemon=True).start()
+    def down(self):
+        self.server.close()
+        os.unlink(PROXY)
+        for s in self.open:  # the SDK's kept-alive connections go too
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    def _serve(self, server):
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            engine = socket.socket(socket.AF_UNIX)
+            engine.connect("/var/run/docker.sock")
+            self.open += [client, engine]
+            for a, b in ((client, engine), (engine, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+def _pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+"""
+
+
+def test_the_engine_going_away_mid_session_is_a_clear_error(swarm: Swarm) -> None:
+    """The engine's socket disappears and the kernel's container is killed, as when dockerd
+    restarts without live-restore (simulated: restarting the real engine would take down every
+    other user of it). The next block ends promptly with an error naming the engine; once the
+    engine is back, a restart works and the dead kernel's service is removed."""
+    r = swarm.run(
+        _ENGINE_PROXY
+        + textwrap.dedent(
+            """
+        engine = Engine()
+        engine.up()
+        os.environ["DOCKER_HOST"] = "unix://" + PROXY
+        with session(timeout=20) as ex:
+            first = ex.backend.kernel_id
+            ex.execute("x = 1")
+            engine.down()
+            for c in _engine.containers.list(filters={"label": "kernel_id=" + first}):
+                c.kill()
+            started = time.monotonic()
+            try:
+                r = ex.execute("x")
+                report(outcome="result", output=r.output)
+            except Exception as exc:
+                report(outcome=type(exc).__name__, message=str(exc))
+            report(seconds=time.monotonic() - started)
+            engine.up()
+            ex.restart()
+            report(after=ex.execute("2 + 2").output, second=ex.backend.kernel_id)
+            report(first_left=services(first))
+        report(second_left=services(ex.backend.kernel_id or "none"), first=first)
+        """
+        )
+    )
+    assert r.get("outcome") == "DockerUnavailable", r
+    assert "No Docker engine answers" in r["message"]
+    assert r["seconds"] < 30
+    assert r["after"] == "4" and r["second"] != r["first"]
+    assert r["first_left"] == [] and r["second_left"] == []
