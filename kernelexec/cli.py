@@ -362,6 +362,64 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     gc.set_defaults(func=cmd_gc)
 
 
+def cmd_cluster_spec(args: argparse.Namespace) -> int:
+    from ._cluster import (
+        KubernetesSpec,
+        SwarmSpec,
+        install_kernelspec,
+        kernel_pod,
+        kubernetes_manifests,
+        manifest_list,
+    )
+
+    prefix = Path(args.prefix).resolve()
+    if args.kubernetes:
+        spec = KubernetesSpec(
+            image=args.image,
+            namespace=args.namespace,
+            kernel_name=args.name or KubernetesSpec.kernel_name,
+        )
+        folder = install_kernelspec(spec, prefix)
+        items = [*kubernetes_manifests(spec)]
+        if args.with_pod:
+            items.append(kernel_pod(folder))
+        text = json.dumps(manifest_list(items), indent=2) + "\n"
+        if args.manifests:
+            Path(args.manifests).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    else:
+        swarm = SwarmSpec(
+            image=args.image, network=args.network, kernel_name=args.name or SwarmSpec.kernel_name
+        )
+        folder = install_kernelspec(swarm, prefix)
+    print(f"kernelspec: {folder}", file=sys.stderr)
+    return 0
+
+
+def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cluster = sub.add_parser("cluster", help="kernels on a cluster engine (Swarm, Kubernetes)")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True)
+    spec = actions.add_parser(
+        "spec",
+        help="install a provisioned kernelspec (gateway_provisioners' installer) and, for "
+        "Kubernetes, print the manifests around it",
+    )
+    engine = spec.add_mutually_exclusive_group(required=True)
+    engine.add_argument("--kubernetes", action="store_true", help="kubernetes-provisioner")
+    engine.add_argument("--swarm", action="store_true", help="docker-swarm-provisioner")
+    spec.add_argument("--name", help="kernelspec name")
+    spec.add_argument("--image", default=LAUNCHERS_IMAGE, help="kernel image (with launchers)")
+    spec.add_argument("--prefix", default=sys.prefix, help="install under PREFIX/share/jupyter")
+    spec.add_argument("--namespace", default="kernelexec", help="Kubernetes namespace")
+    spec.add_argument("--network", default="kernelexec", help="Swarm overlay network")
+    spec.add_argument("--manifests", help="write the Kubernetes manifests here (default: stdout)")
+    spec.add_argument(
+        "--with-pod", action="store_true", help="add the kernel pod the launcher would create"
+    )
+    spec.set_defaults(func=cmd_cluster_spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernelexec",
@@ -375,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repl(sub)
     _add_notebook(sub)
     _add_docker(sub)
+    _add_cluster(sub)
     _add_bench(sub)
     _add_chat(sub)
     add_mcp_command(sub)
