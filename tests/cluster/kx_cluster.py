@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import docker
 import pytest
 
 import kernelexec
+from kernelexec._cluster import SwarmSpec, install_kernelspec
 from kernelexec.backends._docker_options import DEFAULT_IMAGE
 
 PROJECT = Path(kernelexec.__file__).resolve().parents[1]
@@ -57,19 +57,13 @@ class Swarm:
     def jupyter_path(self) -> str:
         return str(self.prefix / "share" / "jupyter")
 
-    def install_spec(self, name: str, image: str, **config: Any) -> str:
-        """A kernelspec made by gateway_provisioners' own installer, for ``image``, on our
-        network (the launcher reads DOCKER_NETWORK; without it services go to ``bridge``,
-        which Swarm refuses)."""
-        tool = Path(sys.executable).with_name("jupyter-docker-spec")
-        argv = [str(tool), "install", "--swarm", f"--image-name={image}"]
-        argv += [f"--kernel-name={name}", f"--prefix={self.prefix}", "--replace"]
-        subprocess.run(argv, check=True, capture_output=True, timeout=60)
-        path = self.prefix / "share" / "jupyter" / "kernels" / name / "kernel.json"
-        spec = json.loads(path.read_text())
-        spec["env"] = {"DOCKER_NETWORK": self.network}
-        spec["metadata"]["kernel_provisioner"]["config"].update(config)
-        path.write_text(json.dumps(spec, indent=1))
+    def install_spec(self, name: str, image: str) -> str:
+        """A Swarm kernelspec for ``image`` on our network, as ``kernelexec cluster spec
+        --swarm`` makes it (gateway_provisioners' own installer, plus DOCKER_NETWORK: without
+        it the launcher puts services on ``bridge``, which Swarm refuses)."""
+        install_kernelspec(
+            SwarmSpec(kernel_name=name, image=image, network=self.network), self.prefix
+        )
         return name
 
     def services(self) -> list[str]:
