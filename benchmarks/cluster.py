@@ -3,8 +3,10 @@
     python benchmarks/cluster.py [--starts 5] [--blocks 50] [--json]
 
 * start to first result (``start()`` + ``1 + 1``) and a trivial round trip (``1 + 1``), p50 /
-  p90: ``docker-kernel`` (a container on this engine) and ``provisioned-kernel`` through
-  gateway_provisioners' Docker Swarm provisioner (a Swarm service per kernel);
+  p90: ``docker-kernel`` (a container on this engine), ``provisioned-kernel`` through
+  gateway_provisioners' Docker Swarm provisioner (a Swarm service per kernel), and ``gateway``
+  through Enterprise Gateway on the same Swarm (its Docker Swarm process proxy; from
+  ``.venv-eg``);
 * per-kernel memory (the container's cgroup usage) idle after start and after importing numpy,
   pandas and matplotlib, and the CPU an idle kernel uses, for the Swarm kernel: the inputs of
   the capacity model in docs/scale.md.
@@ -19,24 +21,30 @@ the network is removed at the end. The machine's load is printed with the figure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import docker
 
 import kernelexec
-from kernelexec import DockerKernel, KernelExecutor, ProvisionedKernel
+from kernelexec import DockerKernel, GatewayKernel, KernelExecutor, ProvisionedKernel
 from kernelexec._cluster import SwarmSpec, install_kernelspec
 
 PROJECT = Path(kernelexec.__file__).resolve().parents[1]
 KERNEL = "kx_bench_swarm"
+EG_KERNEL = "kx_bench_eg_swarm"
+EG_PROXY = "enterprise_gateway.services.processproxies.docker_swarm.DockerSwarmProcessProxy"
 HEAVY = "import numpy, pandas, matplotlib.pyplot"
 
 
@@ -119,40 +127,15 @@ def inside(starts: int, blocks: int) -> None:
     print("KX-BENCH " + json.dumps(result), flush=True)
 
 
-def swarm_half(engine: docker.DockerClient, starts: int, blocks: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def overlay(engine: docker.DockerClient) -> Iterator[tuple[str, Path]]:
+    """An attachable overlay network and a kernelspec folder, both removed at the end."""
     network_name = f"kx-bench-{uuid.uuid4().hex[:8]}"
     network = engine.networks.create(network_name, driver="overlay", attachable=True)
     prefix = Path(tempfile.mkdtemp(prefix="kx-bench-specs-"))
     try:
         install_kernelspec(SwarmSpec(kernel_name=KERNEL, network=network_name), prefix)
-        paths = {str(PROJECT), sys.prefix, sys.base_prefix, str(prefix)}
-        volumes = {p: {"bind": p, "mode": "ro"} for p in paths}
-        volumes["/var/run/docker.sock"] = {"bind": "/var/run/docker.sock", "mode": "rw"}
-        script = str(Path(__file__).resolve())
-        container = engine.containers.run(
-            kernelexec.DockerOptions().image,
-            [sys.executable, script, "--inside", f"--starts={starts}", f"--blocks={blocks}"],
-            volumes=volumes,
-            environment={
-                "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
-                "HOME": "/tmp",
-                "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            },
-            user="0:0",
-            network=network_name,
-            detach=True,
-        )
-        try:
-            status = container.wait(timeout=1800)
-            out = container.logs(stdout=True, stderr=False).decode()
-            err = container.logs(stdout=False, stderr=True).decode()
-        finally:
-            container.remove(force=True)
-        lines = [line for line in out.splitlines() if line.startswith("KX-BENCH ")]
-        if status["StatusCode"] != 0 or not lines:
-            raise RuntimeError(f"the Swarm half failed:\n{out[-2000:]}\n{err[-2000:]}")
-        result: dict[str, Any] = json.loads(lines[-1][len("KX-BENCH ") :])
-        return result
+        yield network_name, prefix
     finally:
         for _ in range(50):
             try:
@@ -160,9 +143,117 @@ def swarm_half(engine: docker.DockerClient, starts: int, blocks: int) -> dict[st
                 break
             except docker.errors.APIError:
                 time.sleep(0.2)
-        import shutil
-
         shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _sock() -> dict[str, dict[str, str]]:
+    return {"/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"}}
+
+
+def swarm_half(
+    engine: docker.DockerClient, network: str, prefix: Path, starts: int, blocks: int
+) -> dict[str, Any]:
+    paths = {str(PROJECT), sys.prefix, sys.base_prefix, str(prefix)}
+    volumes = {p: {"bind": p, "mode": "ro"} for p in paths}
+    script = str(Path(__file__).resolve())
+    container = engine.containers.run(
+        kernelexec.DockerOptions().image,
+        [sys.executable, script, "--inside", f"--starts={starts}", f"--blocks={blocks}"],
+        volumes={**volumes, **_sock()},
+        environment={
+            "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
+            "HOME": "/tmp",
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        },
+        user="0:0",
+        network=network,
+        detach=True,
+    )
+    try:
+        status = container.wait(timeout=1800)
+        out = container.logs(stdout=True, stderr=False).decode()
+        err = container.logs(stdout=False, stderr=True).decode()
+    finally:
+        container.remove(force=True)
+    lines = [line for line in out.splitlines() if line.startswith("KX-BENCH ")]
+    if status["StatusCode"] != 0 or not lines:
+        raise RuntimeError(f"the Swarm half failed:\n{out[-2000:]}\n{err[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1][len("KX-BENCH ") :])
+    return result
+
+
+def eg_half(
+    engine: docker.DockerClient, network: str, prefix: Path, starts: int, blocks: int
+) -> dict[str, Any]:
+    """Enterprise Gateway (from .venv-eg) on the overlay with its Docker Swarm process proxy,
+    reached from here through a port published on 127.0.0.1 (as tests/cluster does)."""
+    venv = PROJECT / ".venv-eg"
+    if not (venv / "bin" / "jupyter-enterprisegateway").exists():
+        return {"skipped": f"{venv} missing (.ci/gateway.sh: gateway_install)"}
+    folder = prefix / "share" / "jupyter" / "kernels" / KERNEL
+    eg_folder = folder.with_name(EG_KERNEL)
+    shutil.copytree(folder, eg_folder)
+    spec = json.loads((eg_folder / "kernel.json").read_text())
+    config = spec["metadata"].pop("kernel_provisioner")["config"]
+    spec["metadata"]["process_proxy"] = {"class_name": EG_PROXY, "config": config}
+    at = spec["argv"].index("--transport-encryption")
+    spec["argv"] = spec["argv"][:at] + spec["argv"][at + 2 :]
+    spec["argv"][1] = str(eg_folder / "scripts" / "launch_docker.py")
+    (eg_folder / "kernel.json").write_text(json.dumps(spec))
+    home = next(
+        str(Path(line.split("=", 1)[1].strip()).parent)
+        for line in (venv / "pyvenv.cfg").read_text().splitlines()
+        if line.split("=")[0].strip() == "home"
+    )
+    token = uuid.uuid4().hex
+    gw = engine.networks.get("docker_gwbridge").attrs["IPAM"]["Config"][0]["Subnet"]
+    prefix_octets = gw.split(".")[:2]
+    volumes = {p: {"bind": p, "mode": "ro"} for p in {str(venv), home, str(prefix)}}
+    container = engine.containers.run(
+        kernelexec.DockerOptions().image,
+        [
+            str(venv / "bin" / "python"),
+            str(venv / "bin" / "jupyter-enterprisegateway"),
+            "--EnterpriseGatewayApp.ip=0.0.0.0",
+            "--EnterpriseGatewayApp.port=8888",
+            f"--EnterpriseGatewayApp.auth_token={token}",
+        ],
+        volumes={**volumes, **_sock()},
+        environment={
+            "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
+            "HOME": "/tmp",
+            "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+            "EG_DOCKER_NETWORK": network,
+            "EG_INHERITED_ENVS": "PATH",
+            "EG_PROHIBITED_LOCAL_IPS": r"\.".join(prefix_octets) + r"\..*",
+        },
+        user="0:0",
+        network=network,
+        ports={"8888/tcp": ("127.0.0.1", None)},
+        detach=True,
+    )
+    try:
+        url = ""
+        for _ in range(180):
+            container.reload()
+            ports = container.attrs["NetworkSettings"]["Ports"].get("8888/tcp")
+            if ports:
+                url = f"http://127.0.0.1:{ports[0]['HostPort']}"
+                try:
+                    with urllib.request.urlopen(f"{url}/api", timeout=2):
+                        break
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        return measure(
+            lambda: GatewayKernel(
+                url, token=token, kernel_name=EG_KERNEL, username="kx", working_dir="/tmp/kx"
+            ),
+            starts,
+            blocks,
+        )
+    finally:
+        container.remove(force=True)
 
 
 def main() -> None:
@@ -177,18 +268,23 @@ def main() -> None:
         return
     engine = docker.from_env()
     load_before = os.getloadavg()
-    results = {
-        "docker-kernel": measure(DockerKernel, args.starts, args.blocks),
-        "provisioned-kernel (Docker Swarm)": swarm_half(engine, args.starts, args.blocks),
-        "load_before_after": [load_before, os.getloadavg()],
-        "cpus": os.cpu_count(),
-    }
+    results: dict[str, Any] = {"docker-kernel": measure(DockerKernel, args.starts, args.blocks)}
+    with overlay(engine) as (network, prefix):
+        swarm = swarm_half(engine, network, prefix, args.starts, args.blocks)
+        results["provisioned-kernel (Docker Swarm)"] = swarm
+        eg = eg_half(engine, network, prefix, args.starts, args.blocks)
+        results["gateway (Enterprise Gateway on Docker Swarm)"] = eg
+    results["load_before_after"] = [load_before, os.getloadavg()]
+    results["cpus"] = os.cpu_count()
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for name, figures in results.items():
         if not isinstance(figures, dict):
             print(f"{name}: {figures}")
+            continue
+        if "skipped" in figures:
+            print(f"{name}: skipped ({figures['skipped']})")
             continue
         first, trip = figures["start_to_first_result_s"], figures["round_trip_s"]
         print(
