@@ -113,10 +113,16 @@ def _gateway(
 
 
 def _provisioned_kernel(
-    *, kernel_name: str, user: str | None = None, **options: Any
+    *, kernel_name: str | None = None, user: str | None = None, **options: Any
 ) -> AsyncExecutor:
     from ._kernel import AsyncKernelExecutor
     from .backends.provisioned_kernel import ProvisionedKernel
+
+    if not kernel_name:
+        raise ValueError(
+            "provisioned-kernel needs kernel_name= (an installed kernelspec with a provisioner; "
+            "ProvisionedKernel.available_kernels() lists them)"
+        )
 
     backend_keys = ("working_dir", "provisioned_options", "kernel_spec_manager")
     extra = {k: options.pop(k) for k in backend_keys if k in options}

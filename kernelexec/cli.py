@@ -50,6 +50,11 @@ def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any
     if getattr(args, "work_dir", None):
         options.setdefault("work_dir", args.work_dir)
     options.update(_remote(args))
+    if getattr(args, "kernelspec", None):
+        if args.executor not in {DEFAULT_EXECUTOR, "provisioned-kernel"} or options.get("url"):
+            raise SystemExit("kernelexec: --kernelspec runs a provisioned kernel; drop --executor")
+        args.executor = "provisioned-kernel"
+        options.update(kernel_name=args.kernelspec, user=args.remote_user)
     return make_executor(_sandboxed(args), **options)
 
 
@@ -199,7 +204,15 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--remote", metavar="URL", help="run on a kernel of the gateway at URL")
     remote.add_argument("--token", help="the gateway's token (default: $KERNELEXEC_GATEWAY_TOKEN)")
     remote.add_argument(
-        "--remote-user", metavar="NAME", help="sent as KERNEL_USERNAME (Enterprise Gateway)"
+        "--remote-user",
+        metavar="NAME",
+        help="sent as KERNEL_USERNAME (Enterprise Gateway, provisioned kernels)",
+    )
+    remote.add_argument(
+        "--kernelspec",
+        metavar="NAME",
+        help="run on a kernel started by this kernelspec's provisioner (Docker Swarm, "
+        "Kubernetes, ...; the provisioned-kernel executor, kernelexec[cluster])",
     )
 
 
