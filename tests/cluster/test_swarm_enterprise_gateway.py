@@ -61,6 +61,8 @@ def enterprise_gateway(swarm: Swarm) -> Iterator[tuple[str, str]]:
     _eg_kernelspec(swarm)
     token = secrets.token_hex(16)
     home = _python_home(EG_VENV)
+    if home in ("/usr", "/usr/local"):
+        unavailable(f"EG's interpreter lives in {home}: it cannot be mounted into a container")
     volumes = {p: {"bind": p, "mode": "ro"} for p in {str(EG_VENV), home, str(swarm.prefix)}}
     volumes["/var/run/docker.sock"] = {"bind": "/var/run/docker.sock", "mode": "rw"}
     app = "EnterpriseGatewayApp"
