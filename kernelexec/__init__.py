@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from .backends.gateway_kernel import GatewayKernel, GatewayOptions
     from .backends.local_command import LocalCommand
     from .backends.local_kernel import LocalKernel
+    from .backends.provisioned_kernel import ProvisionedKernel, ProvisionedOptions
     from .backends.sandboxed import SandboxedCommand, SandboxedKernel
     from .pool import (
         AsyncKernelPool,
@@ -117,6 +118,8 @@ _LAZY: dict[str, str] = {
     "NotebookError": "._errors",
     "PoolExhausted": "._errors",
     "PoolOptions": ".pool",
+    "ProvisionedKernel": ".backends.provisioned_kernel",
+    "ProvisionedOptions": ".backends.provisioned_kernel",
     "ReentrantCall": "._errors",
     "SandboxOptions": ".backends._sandbox",
     "SandboxedCommand": ".backends.sandboxed",
@@ -185,6 +188,8 @@ __all__ = [
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",
+    "ProvisionedKernel",
+    "ProvisionedOptions",
     "ReentrantCall",
     "SandboxOptions",
     "SandboxedCommand",

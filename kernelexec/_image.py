@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from .backends._docker import (
     make_client,
     translate_errors,
 )
+from .backends._docker_options import LABEL_LAUNCHERS, LABEL_RECIPE, LAUNCHERS_IMAGE
 
 SUITE = "bookworm"
 BASE_IMAGE = f"kernelexec/base:{SUITE}"
@@ -49,7 +51,6 @@ OFFLINE_PACKAGES = (
     "python3-pip",
 )
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-LABEL_RECIPE = "kernelexec.recipe"
 LABEL_BASE_RECIPE = "kernelexec.base-recipe"
 # Bump when the build steps below change in a way the hashed inputs do not show.
 _RECIPE_VERSION = "1"
@@ -255,21 +256,27 @@ def _docker_build(
     recipe: str,
     progress: Progress,
     buildargs: dict[str, str],
+    *,
+    context: Path | None = None,
+    labels: dict[str, str] | None = None,
 ) -> None:
+    """``docker build`` from the package's recipes, or from ``context`` when one is given."""
     progress(f"docker build {tag} from {dockerfile} ...")
-    context = resources.files("kernelexec").joinpath("_images")
-    with resources.as_file(context) as path, translate_errors("docker build"):
+    folder = resources.files("kernelexec").joinpath("_images")
+    with contextlib.ExitStack() as stack:
+        path = context or stack.enter_context(resources.as_file(folder))
+        stack.enter_context(translate_errors("docker build"))
         for chunk in client.api.build(
             path=str(path),
             dockerfile=dockerfile,
             tag=tag,
-            labels={LABEL_RECIPE: recipe},
+            labels={**(labels or {}), LABEL_RECIPE: recipe},
             buildargs=buildargs,
             rm=True,
             forcerm=True,
             decode=True,
         ):
-            _report(chunk, progress, offline=dockerfile.endswith("offline"))
+            _report(chunk, progress, offline=dockerfile != "Dockerfile")
 
 
 def _report(chunk: dict[str, Any], progress: Progress, *, offline: bool) -> None:
@@ -279,3 +286,100 @@ def _report(chunk: dict[str, Any], progress: Progress, *, offline: bool) -> None
     text = chunk.get("stream") or chunk.get("status")
     if text and text.strip():
         progress("  " + text.rstrip())
+
+
+# -- the kernel launchers (``image build --with-launchers``) ------------------------------------
+#: what the launcher image installs with pip: the provisioners' package (its bootstrap and
+#: launchers) and the two libraries the launcher imports that Debian's Python stack lacks
+LAUNCHER_DISTRIBUTIONS = ("gateway_provisioners", "pycryptodomex", "overrides")
+#: the Python of the Debian suite the kernel image is made from (wheels are chosen for it)
+IMAGE_PYTHON = "3.11"
+CLUSTER_EXTRA_HINT = "pip install 'kernelexec[cluster]'"
+
+
+def launcher_versions() -> dict[str, str]:
+    """The installed versions of ``LAUNCHER_DISTRIBUTIONS``: the image gets the same ones."""
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for name in LAUNCHER_DISTRIBUTIONS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            raise BackendUnavailable(
+                f"the kernel launchers come from {name!r}, which is not installed here: "
+                f"{CLUSTER_EXTRA_HINT}"
+            ) from None
+    return versions
+
+
+def launcher_recipe_hash(base_recipe: str, versions: dict[str, str]) -> str:
+    pins = [f"{name}=={version}" for name, version in sorted(versions.items())]
+    parts = [_RECIPE_VERSION, base_recipe, recipe_text("Dockerfile.launchers"), *pins]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def build_launcher_image(
+    *,
+    base: str = DEFAULT_IMAGE,
+    tag: str = LAUNCHERS_IMAGE,
+    force: bool = False,
+    progress: Progress = print,
+    options: DockerOptions | None = None,
+) -> BuildResult:
+    """Build ``tag``: ``base`` plus gateway_provisioners' kernel launchers, put in place by the
+    package's own ``jupyter-image-bootstrap``.
+
+    The build itself needs no registry and no index: the wheels are fetched here first, with
+    pip (from its cache or the index this machine uses), for the versions installed here.
+    """
+    versions = launcher_versions()
+    client = make_client(options or DockerOptions())
+    try:
+        base_recipe = call("inspect", _labelled, client, base, LABEL_RECIPE)
+        if base_recipe is None:
+            raise BackendUnavailable(
+                f"the launcher image is built on {base}, which is not built yet: "
+                "`kernelexec image build --offline` (or without --offline)"
+            )
+        recipe = launcher_recipe_hash(base_recipe, versions)
+        if not force and call("inspect", _labelled, client, tag, LABEL_RECIPE) == recipe:
+            progress(f"{tag} is up to date (recipe {recipe}); nothing to build.")
+            return BuildResult(tag=tag, recipe=recipe, skipped=True)
+        previous = call("inspect", _image_id, client, tag)
+        with tempfile.TemporaryDirectory(prefix="kernelexec-launchers-") as tmp:
+            context = Path(tmp)
+            recipe_file = context / "Dockerfile.launchers"
+            recipe_file.write_text(recipe_text("Dockerfile.launchers"), encoding="utf-8")
+            _download_wheels(context / "wheels", versions, progress)
+            labels = {LABEL_LAUNCHERS: versions["gateway_provisioners"]}
+            _docker_build(
+                client,
+                "Dockerfile.launchers",
+                tag,
+                recipe,
+                progress,
+                {"BASE": base},
+                context=context,
+                labels=labels,
+            )
+        progress(f"Built {tag} (recipe {recipe}).")
+        if previous is not None and previous != call("inspect", _image_id, client, tag):
+            with contextlib.suppress(docker.errors.APIError):  # in use: the engine refuses
+                client.images.remove(previous)
+        return BuildResult(tag=tag, recipe=recipe, skipped=False)
+    finally:
+        client.close()
+
+
+def _download_wheels(dest: Path, versions: dict[str, str], progress: Progress) -> None:
+    """Wheels for the image's Python (binary only: nothing is compiled for the image)."""
+    dest.mkdir()
+    pins = [f"{name}=={version}" for name, version in sorted(versions.items())]
+    progress(f"pip download {' '.join(pins)} (wheels for Python {IMAGE_PYTHON}) ...")
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+    argv += ["--only-binary=:all:", "--python-version", IMAGE_PYTHON, "--dest", str(dest), *pins]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise BackendUnavailable(f"pip could not fetch the launcher wheels:\n{tail}")

@@ -112,6 +112,26 @@ def _gateway(
     return AsyncKernelExecutor(backend, **options)
 
 
+def _provisioned_kernel(
+    *, kernel_name: str | None = None, user: str | None = None, **options: Any
+) -> AsyncExecutor:
+    from ._kernel import AsyncKernelExecutor
+    from .backends.provisioned_kernel import ProvisionedKernel
+
+    if not kernel_name:
+        raise ValueError(
+            "provisioned-kernel needs kernel_name= (an installed kernelspec with a provisioner; "
+            "ProvisionedKernel.available_kernels() lists them)"
+        )
+
+    backend_keys = ("working_dir", "provisioned_options", "kernel_spec_manager")
+    extra = {k: options.pop(k) for k in backend_keys if k in options}
+    if "provisioned_options" in extra:
+        extra["options"] = extra.pop("provisioned_options")
+    backend = ProvisionedKernel(kernel_name, username=user, **extra)
+    return AsyncKernelExecutor(backend, **options)
+
+
 _ENTRIES = (
     ExecutorEntry(name="kernel", stateful=True, summary="a local IPython kernel", build=_kernel),
     ExecutorEntry(
@@ -152,6 +172,12 @@ _ENTRIES = (
         stateful=True,
         summary="a kernel on a Jupyter Kernel / Enterprise Gateway",
         build=_gateway,
+    ),
+    ExecutorEntry(
+        name="provisioned-kernel",
+        stateful=True,
+        summary="a kernel started by its kernelspec's provisioner (Docker Swarm, Kubernetes, ...)",
+        build=_provisioned_kernel,
     ),
 )
 

@@ -13,6 +13,7 @@ thread (6.1 ms against 4.1 ms), which alone would break the stateful executor's 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,15 @@ class Portal:
             # KeyboardInterrupt in the caller (or any error): do not leave the work running.
             future.cancel()
             raise
+
+    def submit(
+        self, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        """Start ``func`` on this loop and return at once (await it with ``asyncio.wrap_future``
+        from another loop; cancelling that future cancels the work here)."""
+        if self._stopped:
+            raise ExecutorClosed("the event-loop thread has stopped")
+        return asyncio.run_coroutine_threadsafe(_as_coroutine(func, args, kwargs), self._loop)
 
     def stop(self) -> None:
         """Cancel what is still running, close the loop and join the thread. Idempotent."""

@@ -23,7 +23,7 @@ from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
-from .backends._docker_options import DEFAULT_IMAGE
+from .backends._docker_options import DEFAULT_IMAGE, LAUNCHERS_IMAGE
 
 if TYPE_CHECKING:
     from ._executor import SyncExecutor
@@ -50,6 +50,11 @@ def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any
     if getattr(args, "work_dir", None):
         options.setdefault("work_dir", args.work_dir)
     options.update(_remote(args))
+    if getattr(args, "kernelspec", None):
+        if args.executor not in {DEFAULT_EXECUTOR, "provisioned-kernel"} or options.get("url"):
+            raise SystemExit("kernelexec: --kernelspec runs a provisioned kernel; drop --executor")
+        args.executor = "provisioned-kernel"
+        options.update(kernel_name=args.kernelspec, user=args.remote_user)
     return make_executor(_sandboxed(args), **options)
 
 
@@ -199,7 +204,15 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--remote", metavar="URL", help="run on a kernel of the gateway at URL")
     remote.add_argument("--token", help="the gateway's token (default: $KERNELEXEC_GATEWAY_TOKEN)")
     remote.add_argument(
-        "--remote-user", metavar="NAME", help="sent as KERNEL_USERNAME (Enterprise Gateway)"
+        "--remote-user",
+        metavar="NAME",
+        help="sent as KERNEL_USERNAME (Enterprise Gateway, provisioned kernels)",
+    )
+    remote.add_argument(
+        "--kernelspec",
+        metavar="NAME",
+        help="run on a kernel started by this kernelspec's provisioner (Docker Swarm, "
+        "Kubernetes, ...; the provisioned-kernel executor, kernelexec[cluster])",
     )
 
 
@@ -311,9 +324,11 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from ._image import build_image
+    from ._image import build_image, build_launcher_image
 
     build_image(offline=args.offline, tag=args.tag, mirror=args.mirror, force=args.force)
+    if args.with_launchers:
+        build_launcher_image(base=args.tag, tag=args.launchers_tag, force=args.force)
     return 0
 
 
@@ -340,6 +355,17 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
     build.add_argument("--mirror", help="Debian mirror for --offline (default: apt's)")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    build.add_argument(
+        "--with-launchers",
+        action="store_true",
+        help="also build an image with gateway_provisioners' kernel launchers on top, for "
+        "kernels on a cluster engine (needs kernelexec[cluster]; the build stays offline)",
+    )
+    build.add_argument(
+        "--launchers-tag",
+        default=LAUNCHERS_IMAGE,
+        help=f"name of the image with the launchers (default {LAUNCHERS_IMAGE})",
+    )
     build.set_defaults(func=cmd_image_build)
     gc = sub.add_parser(
         "gc",
@@ -347,6 +373,64 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     gc.set_defaults(func=cmd_gc)
+
+
+def cmd_cluster_spec(args: argparse.Namespace) -> int:
+    from ._cluster import (
+        KubernetesSpec,
+        SwarmSpec,
+        install_kernelspec,
+        kernel_pod,
+        kubernetes_manifests,
+        manifest_list,
+    )
+
+    prefix = Path(args.prefix).resolve()
+    if args.kubernetes:
+        spec = KubernetesSpec(
+            image=args.image,
+            namespace=args.namespace,
+            kernel_name=args.name or KubernetesSpec.kernel_name,
+        )
+        folder = install_kernelspec(spec, prefix)
+        items = [*kubernetes_manifests(spec)]
+        if args.with_pod:
+            items.append(kernel_pod(folder))
+        text = json.dumps(manifest_list(items), indent=2) + "\n"
+        if args.manifests:
+            Path(args.manifests).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    else:
+        swarm = SwarmSpec(
+            image=args.image, network=args.network, kernel_name=args.name or SwarmSpec.kernel_name
+        )
+        folder = install_kernelspec(swarm, prefix)
+    print(f"kernelspec: {folder}", file=sys.stderr)
+    return 0
+
+
+def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cluster = sub.add_parser("cluster", help="kernels on a cluster engine (Swarm, Kubernetes)")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True)
+    spec = actions.add_parser(
+        "spec",
+        help="install a provisioned kernelspec (gateway_provisioners' installer) and, for "
+        "Kubernetes, print the manifests around it",
+    )
+    engine = spec.add_mutually_exclusive_group(required=True)
+    engine.add_argument("--kubernetes", action="store_true", help="kubernetes-provisioner")
+    engine.add_argument("--swarm", action="store_true", help="docker-swarm-provisioner")
+    spec.add_argument("--name", help="kernelspec name")
+    spec.add_argument("--image", default=LAUNCHERS_IMAGE, help="kernel image (with launchers)")
+    spec.add_argument("--prefix", default=sys.prefix, help="install under PREFIX/share/jupyter")
+    spec.add_argument("--namespace", default="kernelexec", help="Kubernetes namespace")
+    spec.add_argument("--network", default="kernelexec", help="Swarm overlay network")
+    spec.add_argument("--manifests", help="write the Kubernetes manifests here (default: stdout)")
+    spec.add_argument(
+        "--with-pod", action="store_true", help="add the kernel pod the launcher would create"
+    )
+    spec.set_defaults(func=cmd_cluster_spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -362,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repl(sub)
     _add_notebook(sub)
     _add_docker(sub)
+    _add_cluster(sub)
     _add_bench(sub)
     _add_chat(sub)
     add_mcp_command(sub)

@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 # Folder name -> marker (each declared in pyproject.toml; --strict-markers is on).
-_TIERS = {"unit", "command", "kernel", "docker", "gateway", "integrations", "mcp", "adversarial"}
+_TIERS = {
+    "unit",
+    "command",
+    "kernel",
+    "docker",
+    "gateway",
+    "cluster",
+    "integrations",
+    "mcp",
+    "adversarial",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

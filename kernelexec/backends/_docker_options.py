@@ -13,6 +13,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 DEFAULT_IMAGE = "kernelexec/python:latest"
+#: the same image plus gateway_provisioners' kernel launchers (``image build --with-launchers``)
+LAUNCHERS_IMAGE = "kernelexec/python:launchers"
+#: on an image made with the launchers: the gateway_provisioners version they came from
+LABEL_LAUNCHERS = "kernelexec.launchers"
+#: on every image kernelexec builds: the hash of its recipe
+LABEL_RECIPE = "kernelexec.recipe"
 #: where the work dir is mounted in every kernelexec container
 WORKSPACE = "/workspace"
 #: the uid:gid used when the caller is root (containers never run as root by default)

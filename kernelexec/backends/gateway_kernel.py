@@ -35,6 +35,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from .._errors import GatewayAuthError, GatewayUnavailable
 from ._gateway_channels import GatewayChannels
 from ._gateway_errors import NotFound, translate_errors
+from ._remote import setup_code as _setup_code
 from .base import KernelBackend
 
 
@@ -260,19 +261,3 @@ def _json_body(response: HTTPResponse) -> dict[str, Any]:
         return {}
     data = json.loads(response.body)
     return data if isinstance(data, dict) else {"items": data}
-
-
-def _setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
-    """Code run silently after each (re)start: the work dir and env, whatever the server allows.
-
-    Servers filter the ``env`` of a start request (only ``KERNEL_*`` and an allow-list pass), and
-    only some honour ``KERNEL_WORKING_DIR``; setting both from inside the kernel works on all.
-    """
-    lines = ["import os as _kx_os"]
-    if env:
-        lines.append(f"_kx_os.environ.update({json.dumps(dict(env))})")
-    if cwd:  # on a remote machine the dir may not exist yet: make it (files stay there)
-        lines.append(f"_kx_os.makedirs({cwd!r}, exist_ok=True)")
-        lines.append(f"_kx_os.chdir({cwd!r})")
-    lines.append("del _kx_os")
-    return "\n".join(lines)

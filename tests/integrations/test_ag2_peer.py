@@ -264,7 +264,12 @@ def test_bang_lines_in_a_bash_block_run_in_the_kernel(tmp_path: Path) -> None:
 
 def test_every_registered_name_is_accepted() -> None:
     for name in EXECUTOR_NAMES:
-        options: dict[str, Any] = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
+        # the names that cannot be built without saying where the kernel runs
+        required = {
+            "gateway": {"url": "http://127.0.0.1:9"},
+            "provisioned-kernel": {"kernel_name": "x"},
+        }
+        options: dict[str, Any] = required.get(name, {})
         adapter = AG2CodeExecutor(kind=name, **options)
         assert adapter.executor.aio.kind in ("kernel", "command")
         adapter.close()

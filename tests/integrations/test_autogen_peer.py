@@ -459,7 +459,12 @@ def test_only_filename_first_lines_name_the_file_as_local_command_line_executor(
 
 def test_every_registered_name_is_accepted() -> None:
     for name in EXECUTOR_NAMES:
-        options: dict[str, Any] = {"url": "http://127.0.0.1:9"} if name == "gateway" else {}
+        # the names that cannot be built without saying where the kernel runs
+        required = {
+            "gateway": {"url": "http://127.0.0.1:9"},
+            "provisioned-kernel": {"kernel_name": "x"},
+        }
+        options: dict[str, Any] = required.get(name, {})
         adapter = KernelExecCodeExecutor(kind=name, **options)
         assert adapter.dump_component().config["kind"] == name
         run(adapter.stop)

@@ -55,6 +55,8 @@ EXPECTED = {
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",
+    "ProvisionedKernel",
+    "ProvisionedOptions",
     "ReentrantCall",
     "SessionError",
     "SessionExists",
