@@ -116,8 +116,8 @@ class Relay:
     over one exec stream (``stream``: the socket ``exec_start(socket=True)`` returned for an exec
     of ``RELAY_SCRIPT`` created with stdin attached).
 
-    ``frames(stream, tty)`` turns the exec's multiplexed output into ``(stream, bytes)`` pairs (the Docker
-    SDK's ``frames_iter``); kept as a parameter so this module needs no Docker SDK.
+    ``frames(stream, tty)`` turns the exec's multiplexed output into ``(stream, bytes)`` pairs
+    (the Docker SDK's ``frames_iter``); a parameter, so this module needs no Docker SDK.
     """
 
     def __init__(self, endpoints: Mapping[Path, int], stream: Any, frames: Any) -> None:
