@@ -290,6 +290,27 @@ def test_a_fork_bomb_is_held_and_the_executor_recovers(ex: Any) -> None:
     # killed it, this block ran in a new container and its output says so first.)
 
 
+def test_a_timed_out_kernel_block_kills_only_its_own_processes(ex: Any) -> None:
+    """The kernel's reaper (reached through the relay under gVisor) kills what the timed-out
+    block started and spares what an earlier block did."""
+    kind, _ = ex.kx_pair
+    if kind != "docker-kernel":
+        pytest.skip("a command block's processes all end with it (tested above)")
+    run(ex, "import subprocess\nkeeper = subprocess.Popen(['sleep', '302'])")
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '301'])\ntime.sleep(60)"
+    r = ex.execute(code, timeout=3)
+    assert r.timed_out and not r.state_lost, r.output
+    out = run(
+        ex,
+        "import os\nfor pid in os.listdir('/proc'):\n"
+        "    try:\n        cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+        "    except OSError:\n        continue\n"
+        "    if cmd.startswith(b'sleep'):\n        print(cmd.replace(b'\\0', b' ').decode())\n"
+        "keeper.kill(); keeper.wait()\n",
+    )
+    assert out.split("\n")[:1] == ["sleep 302 "] and "301" not in out, out
+
+
 @pytest.mark.parametrize(("kind", "runtime"), PAIRS)
 def test_a_detached_child_does_not_outlive_close(
     kind: str, runtime: str, docker_client: docker.DockerClient, tmp_path: Path
