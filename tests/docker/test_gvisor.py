@@ -20,7 +20,7 @@ from typing import Any
 
 import docker
 import pytest
-from kx_docker_helpers import containers_of
+from kx_docker_helpers import containers_of, require_runtime
 
 from kernelexec import CodeBlock, make_executor
 from kernelexec._errors import DockerConfigError
@@ -41,25 +41,6 @@ PAIR_VALUES = [
     for kind in KINDS
 ]
 SECRET = "KXGV_HOST_SECRET"
-
-
-def gvisor_problem(client: docker.DockerClient) -> str | None:
-    """Why gVisor cannot run here (None when ``runsc`` is registered with the engine)."""
-    runtimes = client.info().get("Runtimes") or {}
-    if "runsc" in runtimes:
-        return None
-    return (
-        f"the Docker engine has no runtime 'runsc' (it has {sorted(runtimes)}): install gVisor "
-        "(`apt install runsc`) and register it in /etc/docker/daemon.json (see .ci/docker.sh)"
-    )
-
-
-def require_runtime(client: docker.DockerClient, runtime: str) -> None:
-    if runtime != "runsc" or (problem := gvisor_problem(client)) is None:
-        return
-    if os.environ.get("KERNELEXEC_REQUIRE_GVISOR") == "1":
-        pytest.fail(f"{problem} (KERNELEXEC_REQUIRE_GVISOR=1, so this is a failure)")
-    pytest.skip(problem)
 
 
 def options(runtime: str) -> dict[str, Any]:
@@ -254,6 +235,27 @@ def test_host_processes_cannot_be_seen_signalled_or_traced(ex: Any) -> None:
         "print(len([p for p in os.listdir('/proc') if p.isdigit()]) < 20)\n",
     )
     assert out == "no such process\nptrace -1 No such process\nTrue\n", out
+
+
+def test_kill_9_pid_1_from_inside(ex: Any) -> None:
+    kind, runtime = ex.kx_pair
+    run(ex, "kept = 'yes'")
+    started = time.monotonic()
+    r = ex.execute("kill -9 1; echo sent", "shell", timeout=20)
+    assert time.monotonic() - started < 10, r.output
+    if runtime == "runc":
+        # Linux ignores a signal to a namespace's init that it has no handler for.
+        assert "sent" in r.output
+        expected = "yes\n" if kind == "docker-kernel" else "fresh\n"
+        assert run(ex, "print(globals().get('kept', 'fresh'))") == expected
+    else:
+        # gVisor (20221219) lets the block kill PID 1: the sandbox ends. The block says so
+        # (a dead kernel; a command's container that stopped) and the executor carries on.
+        if kind == "docker-kernel":
+            assert r.kernel_died and r.state_lost, r.output
+        else:
+            assert r.exit_code == 137, r.output
+        assert run(ex, "print('usable')").endswith("usable\n")
 
 
 def test_the_private_tmp_is_bounded(ex: Any) -> None:
