@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -386,6 +388,23 @@ def test_the_relay_killed_from_inside_is_a_dead_kernel_not_a_hang(
         assert time.monotonic() - started < 20
         assert r.kernel_died and r.state_lost and "its relay" in r.output, r.output
         assert run(ex, "print('again')") == "again\n"
+
+
+@pytest.mark.gvisor
+def test_the_cli_runs_a_message_under_gvisor(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    require_runtime(docker_client, "runsc")
+    argv = ["run", "-", "--executor", "docker-command", "--runtime", "runsc"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelexec", *argv, "--work-dir", str(tmp_path)],
+        input="```bash\ndmesg | grep -q gVisor && echo under-gvisor\n```\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\nunder-gvisor\n" in proc.stdout, proc.stdout
 
 
 def test_an_unregistered_runtime_is_a_clear_error(
