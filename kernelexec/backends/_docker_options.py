@@ -50,7 +50,7 @@ class DockerOptions:
     security_opt: Sequence[str] = ("no-new-privileges",)
     environment: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
-    #: extra keyword arguments for ``containers.run`` (volumes, devices, runtime, ...)
+    #: extra keyword arguments for ``containers.run`` (volumes, devices, ...)
     run_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: engine address; None reads DOCKER_HOST & co. when the client is built
     base_url: str | None = None

@@ -12,8 +12,9 @@ container cannot reach from inside) carry every connection:
   channel (and one for the reaper), so the host's connection file is the same ``ipc`` one as
   under runc;
 * each connection the host's client opens becomes an ``OPEN`` frame; the container's relay
-  connects to the matching port on 127.0.0.1 and both sides pump ``DATA`` frames until either
-  end closes (``CLOSE``).
+  connects to the matching port on 127.0.0.1 (retrying until the kernel listens, what the host
+  sent meanwhile held back) and both sides pump ``DATA`` frames until either end closes
+  (``CLOSE``).
 
 A frame is a 9-byte header (connection id, kind, payload length; big-endian) and the payload.
 Connection ids are never reused, so a frame for a connection already closed is dropped.
@@ -40,11 +41,13 @@ _CHUNK = 65536
 # Runs in the container (``python3 -I -S -c RELAY_SCRIPT``): the stdlib only, threads for the
 # connections (a block can flood iopub while the host sends a shell message).
 RELAY_SCRIPT = r"""
-import os, socket, struct, sys, threading
+import os, socket, struct, sys, threading, time
 HEADER = struct.Struct(">IBI")
 OPEN, DATA, CLOSE = 1, 2, 3
 out_lock = threading.Lock()
+lock = threading.Lock()
 conns = {}
+pending = {}
 
 def send(cid, kind, data=b""):
     view = memoryview(HEADER.pack(cid, kind, len(data)) + data)
@@ -66,6 +69,39 @@ def pump(cid, conn):
     except OSError:
         pass
 
+def connect(cid, port):
+    # The host's client connects as soon as the relay runs, usually before the kernel listens:
+    # keep trying (what it sends meanwhile waits in `pending`) rather than refuse, which would
+    # cost the client a reconnect and a lost first request.
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            break
+        except OSError:
+            with lock:
+                wanted = cid in pending
+            if not wanted or time.monotonic() > deadline:
+                with lock:
+                    pending.pop(cid, None)
+                send(cid, CLOSE)
+                return
+            time.sleep(0.02)
+    conn.settimeout(None)
+    with lock:
+        waiting = pending.pop(cid, None)
+        if waiting is not None:
+            try:
+                for data in waiting:
+                    conn.sendall(data)
+            except OSError:
+                pass
+            conns[cid] = conn
+    if waiting is None:  # the host closed it meanwhile
+        conn.close()
+        return
+    pump(cid, conn)
+
 def read_exact(size):
     chunks = []
     while size:
@@ -86,22 +122,28 @@ while True:
         break
     if kind == OPEN:
         try:
-            conn = socket.create_connection(("127.0.0.1", int(data)), timeout=5)
-            conn.settimeout(None)
-        except (OSError, ValueError):
+            port = int(data)
+        except ValueError:
             send(cid, CLOSE)
             continue
-        conns[cid] = conn
-        threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
+        with lock:
+            pending[cid] = []
+        threading.Thread(target=connect, args=(cid, port), daemon=True).start()
     elif kind == DATA:
-        conn = conns.get(cid)
+        with lock:
+            waiting = pending.get(cid)
+            if waiting is not None:
+                waiting.append(data)
+            conn = conns.get(cid)
         if conn is not None:
             try:
                 conn.sendall(data)
             except OSError:
                 pass
     elif kind == CLOSE:
-        conn = conns.pop(cid, None)
+        with lock:
+            pending.pop(cid, None)
+            conn = conns.pop(cid, None)
         if conn is not None:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
