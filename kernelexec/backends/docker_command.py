@@ -282,7 +282,7 @@ class DockerCommand(CommandBackend):
                     b"killed, or its sandbox ended); the next block runs in a new one.\n"
                 )
                 return CommandOutcome(exit_code=137)
-            if not done:
+            if done == "timeout":
                 await self._reap(container)
                 # Once the block's processes are gone the stream ends; never wait forever.
                 await asyncio.wait({reader}, timeout=5)
@@ -310,7 +310,7 @@ class DockerCommand(CommandBackend):
         return CommandOutcome(exit_code=code)
 
     async def _wait(self, reader: asyncio.Future[Any], container: Any, timeout: float) -> str:
-        """Until the block's output ends ("done"), its timeout ("") or, under a runtime with
+        """Until the block's output ends ("done"), its timeout ("timeout") or, under a runtime with
         its own kernel, its container stops ("exited").
 
         gVisor lets a block SIGKILL the container's PID 1 (Linux does not, from inside the
@@ -319,7 +319,7 @@ class DockerCommand(CommandBackend):
         """
         if self.options.shares_host_kernel:
             done, _ = await asyncio.wait({reader}, timeout=timeout)
-            return "done" if done else ""
+            return "done" if done else "timeout"
         deadline = asyncio.get_running_loop().time() + timeout
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             done, _ = await asyncio.wait({reader}, timeout=min(left, 1.0))
@@ -328,7 +328,7 @@ class DockerCommand(CommandBackend):
             if not await self._docker.reload(container) or container.status != "running":
                 # Whatever output was on its way has had a second to arrive.
                 return "exited"
-        return ""
+        return "timeout"
 
     async def _settle(self, container: Any) -> None:
         """After a block killed by SIGKILL under gVisor: was it the sandbox that ended? The

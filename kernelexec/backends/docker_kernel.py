@@ -368,7 +368,7 @@ class DockerKernel(KernelBackend):
         """One exec in the kernel's container carrying every channel (see ``_docker_relay``).
 
         It starts while the kernel is still importing: a connection made before the kernel
-        listens is closed at once, and ZMQ connects again.
+        listens waits in the relay (what it sends held back) until the kernel does.
         """
         from docker.utils.socket import frames_iter
 
