@@ -46,6 +46,7 @@ EOF
         return 1
     fi
     echo "gvisor.sh: registered runsc in $_KX_DAEMON_JSON; reloading dockerd (pid $pid)"
+    # shellcheck disable=SC2086  # pidof may name more than one process
     kill -HUP $pid
     for _ in $(seq 1 50); do
         _kx_runsc_registered && return 0
