@@ -8,7 +8,8 @@ callers can catch broadly::
     ├── BackendUnavailable          + RuntimeError
     │   ├── DockerUnavailable           no engine answers
     │   ├── DockerConfigError           Docker options the engine cannot honour (+ ValueError):
-    │   │                               a bind_dir missing on the host, a container_name in use
+    │   │                               a bind_dir missing on the host, a container_name in use,
+    │   │                               a runtime the engine does not know
     │   ├── ImageNotFound               the kernel image is not built
     │   └── GatewayUnavailable          a remote gateway is down or failing
     │       └── GatewayAuthError            wrong or missing token
@@ -57,7 +58,8 @@ class DockerUnavailable(BackendUnavailable):
 
 class DockerConfigError(BackendUnavailable, ValueError):
     """The Docker options cannot work with this engine: a ``bind_dir`` (or work dir) the engine's
-    host does not have, a ``container_name`` already in use. The message names the option."""
+    host does not have, a ``container_name`` already in use, a ``runtime`` the engine does not
+    know. The message names the option."""
 
 
 class ImageNotFound(BackendUnavailable):

@@ -55,7 +55,16 @@ def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any
             raise SystemExit("kernelexec: --kernelspec runs a provisioned kernel; drop --executor")
         args.executor = "provisioned-kernel"
         options.update(kernel_name=args.kernelspec, user=args.remote_user)
-    return make_executor(_sandboxed(args), **options)
+    name = _sandboxed(args)
+    runtime = getattr(args, "runtime", None)
+    if runtime is not None:
+        if not name.startswith("docker-"):
+            raise UnknownExecutor(
+                f"--runtime applies to the Docker back ends (docker-kernel, docker-command), "
+                f"not {name!r}"
+            )
+        options["runtime"] = runtime
+    return make_executor(name, **options)
 
 
 _SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
@@ -199,6 +208,12 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         "--sandbox",
         action="store_true",
         help="run a local back end in a bubblewrap sandbox (no network, read-only host)",
+    )
+    parser.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="the Docker engine's runtime for the docker-* executors, e.g. runsc (gVisor: the "
+        "code's syscalls go to a kernel in user space, not the host's)",
     )
     remote = parser.add_argument_group("remote kernels (Kernel / Enterprise Gateway)")
     remote.add_argument("--remote", metavar="URL", help="run on a kernel of the gateway at URL")

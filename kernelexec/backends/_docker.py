@@ -203,6 +203,8 @@ def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> di
         kwargs["network_mode"] = "none"
     if options.read_only:
         kwargs["read_only"] = True
+    if options.runtime is not None:
+        kwargs["runtime"] = options.runtime
     # A writable /tmp even with a read-only root; HOME points there for caches and history.
     kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={options.tmpfs_size},mode=1777"}
     kwargs.update(options.run_kwargs)
@@ -366,12 +368,20 @@ class ContainerHandle:
         return await asyncio.to_thread(call, what, func, *args, **kwargs)
 
     async def exec_stream(
-        self, container: Any, argv: Sequence[str], environment: Mapping[str, str]
+        self,
+        container: Any,
+        argv: Sequence[str],
+        environment: Mapping[str, str],
+        *,
+        stdin: bool = False,
     ) -> tuple[str, Any]:
         """Start ``argv`` in ``container`` (in ``WORKSPACE``, with ``container_env`` plus
-        ``environment``): the exec's id and the socket its multiplexed output arrives on."""
+        ``environment``): the exec's id and the socket its multiplexed output arrives on (and,
+        with ``stdin``, its raw input goes to)."""
         env = container_env(self.options, environment)
-        return await self.call("docker exec", _exec_start, self._api(), container.id, argv, env)
+        return await self.call(
+            "docker exec", _exec_start, self._api(), container.id, argv, env, stdin
+        )
 
     async def exec_exit_code(self, exec_id: str) -> int:
         """The exit status of an exec whose output has ended, once the engine has recorded it."""
@@ -465,6 +475,16 @@ class ContainerHandle:
         """The engine's refusals that are option mistakes, in the options' words."""
         text = str(exc.explanation or exc)
         name = self.options.container_name
+        runtime = self.options.runtime
+        if runtime is not None and "unknown runtime" in text.lower():
+            return DockerConfigError(
+                f"runtime {runtime!r} is not registered with the Docker engine ({text}). "
+                f"Register it in /etc/docker/daemon.json, e.g. for gVisor "
+                '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
+                '["--platform=ptrace", "--network=none"]}}}, then reload the engine '
+                "(`kill -HUP $(pidof dockerd)` or `systemctl reload docker`); `docker info` "
+                "lists the runtimes it knows."
+            )
         if exc.status_code == 409 and name is not None:
             return DockerConfigError(
                 f"container_name {name!r} is already in use by another container: remove it "
@@ -500,14 +520,18 @@ def _reload(container: Any) -> bool:
 
 
 def _exec_start(
-    api: docker.APIClient, container_id: str, argv: Sequence[str], env: Mapping[str, str]
+    api: docker.APIClient,
+    container_id: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: bool = False,
 ) -> tuple[str, Any]:
     created = api.exec_create(
         container_id,
         list(argv),
         stdout=True,
         stderr=True,
-        stdin=False,
+        stdin=stdin,
         environment=dict(env),
         workdir=WORKSPACE,
     )

@@ -32,6 +32,8 @@ LABEL_KIND = "kernelexec.kind"
 #: a host folder the container's owner created for it (removed by ``gc`` too)
 LABEL_RUNTIME_DIR = "kernelexec.runtime_dir"
 RUNTIME_DIR_PREFIX = "kernelexec-run-"
+#: OCI runtimes whose containers run on the host's kernel (namespaces and cgroups only)
+HOST_KERNEL_RUNTIMES = frozenset({"runc", "crun", "io.containerd.runc.v2"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +56,7 @@ class DockerOptions:
     security_opt: Sequence[str] = ("no-new-privileges",)
     environment: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
-    #: extra keyword arguments for ``containers.run`` (volumes, devices, runtime, ...)
+    #: extra keyword arguments for ``containers.run`` (volumes, devices, ...)
     run_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: engine address; None reads DOCKER_HOST & co. when the client is built
     base_url: str | None = None
@@ -72,6 +74,11 @@ class DockerOptions:
     stop_container: bool = True
     #: the container's name (None: the engine picks one); a name already in use is an error
     container_name: str | None = None
+    #: the OCI runtime the engine runs containers with, by the name it is registered under in
+    #: the engine's ``daemon.json`` (None: the engine's default, normally ``runc``).
+    #: ``"runsc"`` is gVisor: the container's syscalls go to a kernel in user space instead of
+    #: the host's. The image and every other setting stay as they are.
+    runtime: str | None = None
 
     def __post_init__(self) -> None:
         if self.bind_dir is not None and not PurePosixPath(os.fspath(self.bind_dir)).is_absolute():
@@ -80,6 +87,18 @@ class DockerOptions:
             )
         if self.container_name is not None and not self.container_name.strip():
             raise ValueError("container_name must not be empty")
+        if self.runtime is not None and not self.runtime.strip():
+            raise ValueError("runtime must not be empty (None: the engine's default)")
+
+    @property
+    def shares_host_kernel(self) -> bool:
+        """Whether the container's processes run on the host's kernel (runc and its kin).
+
+        Only then are sockets the container creates in a bind-mounted folder sockets the host
+        can connect to: under gVisor (``runsc``) or a VM runtime they live in the sandbox's own
+        kernel, and the Docker kernel needs another way in (see ``_docker_relay``).
+        """
+        return self.runtime is None or self.runtime in HOST_KERNEL_RUNTIMES
 
     @property
     def keeps_container(self) -> bool:

@@ -275,8 +275,14 @@ class DockerCommand(CommandBackend):
         sinks = _Sinks(on_stdout, on_stderr)
         reader = asyncio.ensure_future(asyncio.to_thread(_pump, sock, loop, sinks))
         try:
-            done, _ = await asyncio.wait({reader}, timeout=timeout)
-            if not done:
+            done = await self._wait(reader, container, timeout)
+            if done == "exited":
+                on_stderr(
+                    b"\nkernelexec: the container stopped while the block ran (its PID 1 was "
+                    b"killed, or its sandbox ended); the next block runs in a new one.\n"
+                )
+                return CommandOutcome(exit_code=137)
+            if done == "timeout":
                 await self._reap(container)
                 # Once the block's processes are gone the stream ends; never wait forever.
                 await asyncio.wait({reader}, timeout=5)
@@ -297,9 +303,41 @@ class DockerCommand(CommandBackend):
             await asyncio.gather(reader, return_exceptions=True)
         sinks.raise_error()
         code = await self._docker.exec_exit_code(exec_id)
+        if code == 137 and not self.options.shares_host_kernel:
+            await self._settle(container)
         if 128 < code <= 128 + 64 and _read_signal(work_dir / status) == code - 128:
             code = 128 - code  # as the local back end: a negative exit code names a signal
         return CommandOutcome(exit_code=code)
+
+    async def _wait(self, reader: asyncio.Future[Any], container: Any, timeout: float) -> str:
+        """Until the block's output ends ("done"), its timeout ("timeout") or, under a runtime with
+        its own kernel, its container stops ("exited").
+
+        gVisor lets a block SIGKILL the container's PID 1 (Linux does not, from inside the
+        namespace) and then the exec's stream sometimes stays open until the timeout: the
+        container's state is checked once a second instead.
+        """
+        if self.options.shares_host_kernel:
+            done, _ = await asyncio.wait({reader}, timeout=timeout)
+            return "done" if done else "timeout"
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            done, _ = await asyncio.wait({reader}, timeout=min(left, 1.0))
+            if done:
+                return "done"
+            if not await self._docker.reload(container) or container.status != "running":
+                # Whatever output was on its way has had a second to arrive.
+                return "exited"
+        return "timeout"
+
+    async def _settle(self, container: Any) -> None:
+        """After a block killed by SIGKILL under gVisor: was it the sandbox that ended? The
+        engine says so a moment after the exec's end, and the next block must not try to exec
+        in the dying container ("cannot exec in a stopped state")."""
+        for _ in range(10):
+            if not await self._docker.reload(container) or container.status != "running":
+                return
+            await asyncio.sleep(0.1)
 
     async def _reap(self, container: Any) -> None:
         """Kill every process the block left in the container; replace it if that fails."""

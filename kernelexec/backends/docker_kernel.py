@@ -6,6 +6,11 @@ describe the one kernel: the container's (``ip`` = the path inside the container
 (``ip`` = the same folder's host path). ``network=True`` puts the container on the bridge and
 uses TCP instead, with the kernel's ports published on 127.0.0.1 only.
 
+Under a runtime with its own kernel (gVisor's ``runsc``: ``DockerOptions.runtime``) sockets made
+in the container never appear on the host, so the kernel listens on the container's own loopback
+and a relay over ``docker exec`` carries its channels (``_docker_relay``). The container still
+has no network, and the host's connection file is the same ``ipc`` one.
+
 Docker's init (tini) is PID 1, so the kernel gets SIGINT for an interrupt (tini forwards it),
 orphans are reaped, and removal with ``force`` is immediate. A fresh container per restart.
 """
@@ -41,6 +46,7 @@ from ._docker import (
     merge_options,
     prepare_host_dir,
 )
+from ._docker_relay import RELAY_SCRIPT, Relay
 from ._iopub import receive_batch
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
@@ -147,11 +153,16 @@ def _serve(listener):
                 except OSError:
                     pass
 
-path = os.path.join(runtime, "@REAPER@")
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-if os.path.exists(path):
-    os.unlink(path)
-listener.bind(path)
+if len(sys.argv) > 2:
+    # Relayed (gVisor): a unix socket here would exist only in the sandbox's kernel.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", int(sys.argv[2])))
+else:
+    path = os.path.join(runtime, "@REAPER@")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if os.path.exists(path):
+        os.unlink(path)
+    listener.bind(path)
 listener.listen(4)
 threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
 
@@ -160,8 +171,10 @@ from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 """.replace("@MOUNT_EMPTY@", str(EXIT_MOUNT_EMPTY)).replace("@REAPER@", REAPER_SOCKET)
 
-# Fixed ports inside the container (network mode only); the host side gets random ones.
+# Fixed ports inside the container (network mode and relayed); the host side gets random ones.
 _CONTAINER_PORTS = dict(zip(_CHANNELS, range(50001, 50006), strict=True))
+#: the reaper's port on the container's loopback when relayed
+_REAPER_PORT = 50006
 
 
 def _exit_reason(code: Any) -> str:
@@ -197,6 +210,7 @@ class DockerKernel(KernelBackend):
         self._host_info: dict[str, Any] = {}
         self._env: dict[str, str] = {}
         self._death: str | None = None
+        self._relay: Relay | None = None
 
     @property
     def options(self) -> DockerOptions:
@@ -214,6 +228,11 @@ class DockerKernel(KernelBackend):
     def container(self) -> Any:
         """The current container (a docker SDK ``Container``), or None."""
         return self._docker.container
+
+    @property
+    def relayed(self) -> bool:
+        """Whether the kernel's channels go through a relay (a runtime with its own kernel)."""
+        return not self.options.shares_host_kernel
 
     @property
     def runtime_dir(self) -> Path | None:
@@ -258,6 +277,9 @@ class DockerKernel(KernelBackend):
             self._death = "its container was removed from outside (docker rm, or kernelexec gc)"
             return False
         if container.status == "running":
+            if self._relay is not None and not self._relay.alive:
+                self._death = "its relay (the docker exec carrying its sockets) ended"
+                return False
             return True
         state = container.attrs.get("State", {})
         if state.get("OOMKilled"):
@@ -290,10 +312,12 @@ class DockerKernel(KernelBackend):
         deadline = asyncio.get_running_loop().time() + timeout
         self._runtime = self._make_runtime_dir()
         await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
-        info = _connection_info(network=self.options.network)
+        info = _connection_info(network=self.options.network and not self.relayed)
         _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
         try:
             await self._docker.start(self._spec())
+            if self.relayed:
+                await self._start_relay()
             host_info = await self._host_view(info)
             self._host_info = host_info
             self._client = _BlockClient()
@@ -340,7 +364,30 @@ class DockerKernel(KernelBackend):
             self._alias = alias
         return self._alias
 
+    async def _start_relay(self) -> None:
+        """One exec in the kernel's container carrying every channel (see ``_docker_relay``).
+
+        It starts while the kernel is still importing: a connection made before the kernel
+        listens waits in the relay (what it sends held back) until the kernel does.
+        """
+        from docker.utils.socket import frames_iter
+
+        container = self._docker.container
+        argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT]
+        _, stream = await self._docker.exec_stream(container, argv, {}, stdin=True)
+        sockets = self._sockets()
+        endpoints = {sockets / f"kernel-{i}": port for i, port in _relayed_ports()}
+        endpoints[sockets / REAPER_SOCKET] = _REAPER_PORT
+        try:
+            self._relay = Relay(endpoints, stream, frames_iter)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                stream.close()
+            raise
+
     def _container_view(self, info: dict[str, Any]) -> dict[str, Any]:
+        if self.relayed:
+            return {**info, "transport": "tcp", "ip": "127.0.0.1", **_CONTAINER_PORTS}
         if self.options.network:
             return {**info, "ip": "0.0.0.0", **_CONTAINER_PORTS}
         return {**info, "ip": f"{RUNTIME}/kernel"}
@@ -348,7 +395,7 @@ class DockerKernel(KernelBackend):
     async def _host_view(self, info: dict[str, Any]) -> dict[str, Any]:
         """The host's connection info: the mount's host path, or the published ports."""
         assert self._runtime is not None
-        if not self.options.network:
+        if not self.options.network or self.relayed:
             return {**info, "ip": str(self._sockets() / "kernel")}
         container = self._docker.container
         await self._docker.call("inspecting the kernel container", container.reload)
@@ -364,11 +411,14 @@ class DockerKernel(KernelBackend):
         """The kernel's container: ipykernel on the connection file in the runtime folder."""
         assert self._runtime is not None
         run_kwargs: dict[str, Any] = {}
-        if self.options.network:
+        command = ["python3", "-c", _LAUNCHER, RUNTIME]
+        if self.relayed:
+            command.append(str(_REAPER_PORT))
+        elif self.options.network:
             ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
             run_kwargs["ports"] = ports
         return ContainerSpec(
-            command=["python3", "-c", _LAUNCHER, RUNTIME],
+            command=command,
             init=True,
             mounts={self._runtime: RUNTIME},
             environment=self._env,
@@ -419,15 +469,21 @@ class DockerKernel(KernelBackend):
         client, self._client = self._client, None
         runtime, self._runtime = self._runtime, None
         alias, self._alias = self._alias, None
+        relay, self._relay = self._relay, None
         kept = False
         try:
             if client is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     client.stop_channels()
+            if relay is not None:
+                # Its threads block in socket calls: closing them must not hold up the loop.
+                await asyncio.to_thread(relay.close)
             if final and self.options.keeps_container:
                 kept = await self._docker.release() is not None
                 where = self._docker.kept
-                if where is not None and ", running)" in where and runtime is not None:
+                # A relayed kernel's sockets ended with this process: nothing to attach to.
+                running = where is not None and ", running)" in where
+                if running and runtime is not None and relay is None:
                     # Still running: leave a connection file this host can attach with.
                     attach = runtime / "kernel-host.json"
                     fd = os.open(attach, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -505,6 +561,11 @@ def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:
             return conn.recv(64).decode(errors="replace").strip()
     except OSError:
         return None
+
+
+def _relayed_ports() -> list[tuple[int, int]]:
+    """(ipc suffix on the host, port on the container's loopback) for each channel."""
+    return [(i, _CONTAINER_PORTS[name]) for i, name in enumerate(_CHANNELS, start=1)]
 
 
 def _connection_info(*, network: bool) -> dict[str, Any]:

@@ -129,6 +129,30 @@ def _docker_check(ctx: BenchContext) -> str | None:
     return docker_problem(ctx.image)
 
 
+@functools.lru_cache(maxsize=1)
+def gvisor_problem() -> str | None:
+    """Why the gVisor rows cannot run (the engine has no ``runsc`` runtime), or None."""
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{json .Runtimes}}"],
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no Docker engine answers ({exc})"
+    if b'"runsc"' not in info.stdout:
+        return (
+            "the Docker engine has no runtime 'runsc' (gVisor): install it (`apt install runsc`) "
+            "and register it in /etc/docker/daemon.json (see the README's security section)"
+        )
+    return None
+
+
+def _gvisor_check(ctx: BenchContext) -> str | None:
+    return docker_problem(ctx.image) or gvisor_problem()
+
+
 def _kernelspec_check(ctx: BenchContext) -> str | None:
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -180,6 +204,10 @@ def _warm_up(ctx: BenchContext) -> dict[str, Any]:
 
 def _image(ctx: BenchContext) -> dict[str, Any]:
     return {"image": ctx.image}
+
+
+def _gvisor(ctx: BenchContext) -> dict[str, Any]:
+    return {"image": ctx.image, "runtime": "runsc"}
 
 
 @contextmanager
@@ -438,6 +466,30 @@ SPECS: tuple[ExecutorSpec, ...] = (
             _needs("kernelexec", "KernelExecutor"),
             _needs("kernelexec", "DockerKernel"),
             _docker_check,
+        ),
+    ),
+    ExecutorSpec(
+        name="gvisor-command",
+        label="kernelexec docker command under gVisor (runsc)",
+        group="kernelexec",
+        stateful=False,
+        docker=True,
+        floor="docker-command",
+        open=_registry_row("docker-command", _gvisor),
+        check=_all(_needs("kernelexec", "DockerCommand"), _gvisor_check),
+    ),
+    ExecutorSpec(
+        name="gvisor-kernel",
+        label="kernelexec docker kernel under gVisor (runsc)",
+        group="kernelexec",
+        stateful=True,
+        docker=True,
+        floor="docker-kernel",
+        open=_registry_row("docker-kernel", _gvisor),
+        check=_all(
+            _needs("kernelexec", "KernelExecutor"),
+            _needs("kernelexec", "DockerKernel"),
+            _gvisor_check,
         ),
     ),
     ExecutorSpec(

@@ -26,6 +26,8 @@ EXECUTOR_NAMES: tuple[str, ...] = (
     "sandboxed-kernel",
     "docker-command",
     "docker-kernel",
+    "gvisor-command",
+    "gvisor-kernel",
     "pool",
     "ag2-command",
     "ag2-jupyter",

@@ -37,6 +37,15 @@ SPEEDUP_PAIRS = (
 )
 
 
+# (containment, stateless row, stateful row): what each way of isolating code costs, side by side.
+CONTAINMENT = (
+    ("none (caller's rights)", "command", "kernel"),
+    ("bubblewrap", "sandboxed-command", "sandboxed-kernel"),
+    ("Docker, runc", "docker-command", "docker-kernel"),
+    ("Docker, gVisor (runsc)", "gvisor-command", "gvisor-kernel"),
+)
+
+
 def _ok(row: RowResult | None) -> bool:
     return row is not None and bool(row.blocks) and row.status in ("ok", "interrupted")
 
@@ -119,6 +128,22 @@ def speedups(results: BenchResults) -> list[dict[str, Any]]:
                         "blocks_only": blocks,
                     }
                 )
+    return out
+
+
+def containment(results: BenchResults) -> list[dict[str, Any]]:
+    """Start to first result and the trivial block's p50 for each containment, stateless and
+    stateful, from this run (None where a row did not run)."""
+    out = []
+    for name, stateless, stateful in CONTAINMENT:
+        entry: dict[str, Any] = {"containment": name}
+        for key, executor in (("stateless", stateless), ("stateful", stateful)):
+            entry[key] = {
+                "executor": executor,
+                "start_p50": startup_p50(results, executor),
+                "trivial_p50": block_p50(results, "trivial", executor),
+            }
+        out.append(entry)
     return out
 
 
@@ -298,6 +323,7 @@ def to_json(results: BenchResults) -> dict[str, Any]:
         "config": config,
         "rows": [r.to_dict() for r in results.rows],
         "floor_ratios": floor_ratios(results),
+        "containment": containment(results),
         "speedups": speedups(results),
         "targets": [t.to_dict() for t in targets(results)],
     }
@@ -425,6 +451,25 @@ def to_markdown(results: BenchResults, *, command: str | None = None) -> str:
                 format_ratio(s["blocks_only"]),
             ]
             for s in speedups(results)
+        ],
+    )
+    lines += ["", "## What containment costs (start to first result / trivial block p50)", ""]
+    lines += _md_table(
+        ("containment", "stateless", "start", "block", "stateful", "start", "block"),
+        [
+            [
+                c["containment"],
+                *(
+                    value
+                    for side in (c["stateless"], c["stateful"])
+                    for value in (
+                        side["executor"],
+                        format_seconds(side["start_p50"]),
+                        format_seconds(side["trivial_p50"]),
+                    )
+                ),
+            ]
+            for c in containment(results)
         ],
     )
     lines += ["", "## Targets", ""]

@@ -199,3 +199,9 @@ def test_sandbox_flag_with_a_docker_executor_is_refused() -> None:
     proc = kx("run", "-", "--executor", "docker-kernel", "--sandbox", stdin="```python\n1\n```\n")
     assert proc.returncode == 2
     assert "--sandbox applies to the local back ends" in proc.stderr
+
+
+def test_runtime_flag_with_a_local_executor_is_refused() -> None:
+    proc = kx("run", "-", "--executor", "kernel", "--runtime", "runsc", stdin="```python\n1\n```\n")
+    assert proc.returncode == 2
+    assert "--runtime applies to the Docker back ends" in proc.stderr

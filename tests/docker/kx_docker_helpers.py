@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import socket
 import threading
 import warnings
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import pytest
 
 from kernelexec.backends._docker import LABEL_SESSION
 
@@ -94,3 +96,24 @@ def collect_sdk_sockets() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+def gvisor_problem(client: docker.DockerClient) -> str | None:
+    """Why gVisor cannot run here (None when ``runsc`` is registered with the engine)."""
+    runtimes = client.info().get("Runtimes") or {}
+    if "runsc" in runtimes:
+        return None
+    return (
+        f"the Docker engine has no runtime 'runsc' (it has {sorted(runtimes)}): install gVisor "
+        "(`apt install runsc`) and register it with the engine (see .ci/gvisor.sh)"
+    )
+
+
+def require_runtime(client: docker.DockerClient, runtime: str | None) -> None:
+    """Skip unless the engine has ``runtime`` (None and runc always); with
+    ``KERNELEXEC_REQUIRE_GVISOR=1`` (set by ``.ci/run``) a missing gVisor fails instead."""
+    if runtime != "runsc" or (problem := gvisor_problem(client)) is None:
+        return
+    if os.environ.get("KERNELEXEC_REQUIRE_GVISOR") == "1":
+        pytest.fail(f"{problem} (KERNELEXEC_REQUIRE_GVISOR=1, so this is a failure)")
+    pytest.skip(problem)

@@ -1,7 +1,8 @@
 """The stateful executor in a real container: DockerKernel behind KernelExecutor.
 
 The behaviour suite at the top runs against a local kernel and a Docker kernel alike (same
-tests, parametrised), so the container changes where the kernel runs, not how it behaves.
+tests, parametrised), so the container changes where the kernel runs, not how it behaves; the
+Docker kernel once under runc and once under gVisor (its channels through the relay).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 
 import docker
 import pytest
-from kx_docker_helpers import SocketProxy, collect_sdk_sockets, containers_of, processes
+from kx_docker_helpers import (
+    SocketProxy,
+    collect_sdk_sockets,
+    containers_of,
+    processes,
+    require_runtime,
+)
 
 from kernelexec import (
     DockerKernel,
@@ -31,15 +38,24 @@ from kernelexec.backends.docker_kernel import RUNTIME
 
 
 def make_backend(kind: str, **options: Any) -> KernelBackend:
-    return LocalKernel() if kind == "local" else DockerKernel(**options)
+    if kind == "local":
+        return LocalKernel()
+    if kind == "docker-runsc":
+        options = {"runtime": "runsc", **options}
+    return DockerKernel(**options)
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(
+    scope="module",
+    params=["local", "docker", pytest.param("docker-runsc", marks=pytest.mark.gvisor)],
+)
 def kex(
     request: pytest.FixtureRequest,
     docker_client: docker.DockerClient,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KernelExecutor]:
+    if request.param == "docker-runsc":
+        require_runtime(docker_client, "runsc")
     work = tmp_path_factory.mktemp(f"kernel-{request.param}")
     with pytest.MonkeyPatch.context() as mp:
         # ipykernel stops capturing fd-level output when it sees this variable.

@@ -1,7 +1,9 @@
 """Every Python snippet in the README runs as written, through kernelexec itself.
 
 A snippet preceded by ``<!-- readme-test: needs docker -->`` runs where a Docker engine answers
-(and must, under ``KERNELEXEC_REQUIRE_DOCKER=1``); ``<!-- readme-test: skip (why) -->`` marks an
+(and must, under ``KERNELEXEC_REQUIRE_DOCKER=1``), ``needs gvisor`` where that engine also has the
+``runsc`` runtime (and must, under ``KERNELEXEC_REQUIRE_GVISOR=1``);
+``<!-- readme-test: skip (why) -->`` marks an
 illustration that cannot run anywhere (an example address). A ``print(...)  # 6`` comment is the
 output the snippet promises: its first word must appear in what the snippet printed.
 """
@@ -45,6 +47,20 @@ def _docker_answers() -> bool:
     return True
 
 
+def _gvisor_answers() -> bool:
+    from kernelexec.backends._docker import make_client
+    from kernelexec.backends._docker_options import DockerOptions
+
+    try:
+        client = make_client(DockerOptions())
+    except Exception:
+        return False
+    try:
+        return "runsc" in (client.info().get("Runtimes") or {})
+    finally:
+        client.close()
+
+
 def test_the_readme_has_python_snippets() -> None:
     assert len(_snippets()) >= 5
 
@@ -56,6 +72,10 @@ def test_readme_snippet_runs(code: str, note: str, tmp_path: Path) -> None:
         if os.environ.get("KERNELEXEC_REQUIRE_DOCKER") == "1":
             pytest.fail("this README snippet needs Docker and no engine answers")
         pytest.skip("needs a Docker engine")
+    if note == "needs gvisor" and not _gvisor_answers():
+        if os.environ.get("KERNELEXEC_REQUIRE_GVISOR") == "1":
+            pytest.fail("this README snippet needs gVisor (runsc) and the engine has none")
+        pytest.skip("needs the runsc runtime (gVisor) registered with a Docker engine")
     with CommandLineExecutor(work_dir=tmp_path, timeout=300) as ex:
         result = ex.execute(code)
     assert result.exit_code == 0, result.output

@@ -257,6 +257,26 @@ def test_markdown_report(results: BenchResults) -> None:
     assert "`kernelexec bench`" in text
 
 
+def test_the_containment_table_sets_each_isolation_side_by_side(results: BenchResults) -> None:
+    results.rows.append(
+        _row("trivial", "gvisor-kernel", [0.02] * 3, startup=3.5, stateful=True, floor="kernel")
+    )
+    rows = {c["containment"]: c for c in report.containment(results)}
+    assert rows["none (caller's rights)"]["stateless"] == {
+        "executor": "command",
+        "start_p50": 0.06,
+        "trivial_p50": 0.044,
+    }
+    assert rows["Docker, gVisor (runsc)"]["stateful"]["trivial_p50"] == 0.02
+    assert rows["bubblewrap"]["stateful"]["start_p50"] is None  # did not run
+    text = report.to_markdown(results)
+    assert (
+        "| Docker, gVisor (runsc) | gvisor-command | - | - | gvisor-kernel | 3.50 s | 20.0 ms |"
+        in text
+    )
+    assert report.to_json(results)["containment"] == report.containment(results)
+
+
 def test_charts_are_pngs(results: BenchResults, tmp_path: Path) -> None:
     from kernelexec.bench.charts import per_block_medians, write_charts
 
@@ -377,10 +397,10 @@ class _FakeExecutor:
 def test_kernelexec_rows_are_built_by_the_registry(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    built: dict[str, dict[str, Any]] = {}
+    built: list[tuple[str, dict[str, Any]]] = []
 
     def make_executor(name: str, **options: Any) -> _FakeExecutor:
-        built[name] = options
+        built.append((name, options))
         return _FakeExecutor()
 
     monkeypatch.setattr(kernelexec, "make_executor", make_executor)
@@ -389,15 +409,17 @@ def test_kernelexec_rows_are_built_by_the_registry(
     for spec in rows:
         spec.open(ctx, tmp_path, None).close()
     common = {"work_dir": tmp_path, "timeout": 9.0}
-    assert built == {
-        "command": {**common, "python": "/usr/bin/python3"},
-        "kernel": common,
-        "sandboxed-command": common,
-        "sandboxed-kernel": common,
-        "docker-command": {**common, "image": "img:1"},
-        "docker-kernel": {**common, "image": "img:1"},
-    }
-    assert set(built) <= set(kernelexec.EXECUTOR_NAMES)
+    assert built == [
+        ("command", {**common, "python": "/usr/bin/python3"}),
+        ("kernel", common),
+        ("sandboxed-command", common),
+        ("sandboxed-kernel", common),
+        ("docker-command", {**common, "image": "img:1"}),
+        ("docker-kernel", {**common, "image": "img:1"}),
+        ("docker-command", {**common, "image": "img:1", "runtime": "runsc"}),
+        ("docker-kernel", {**common, "image": "img:1", "runtime": "runsc"}),
+    ]
+    assert {name for name, _ in built} <= set(kernelexec.EXECUTOR_NAMES)
 
 
 @pytest.mark.parametrize("module", ["rich", "matplotlib"])
