@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -145,6 +146,22 @@ def check_provisioner(kernel_name: str, provisioner: str) -> None:
         raise BackendUnavailable(
             f"{where}, which cannot be loaded ({exc}): {CLUSTER_EXTRA_HINT}"
         ) from exc
+
+
+def _check_hidden_spec(manager: KernelSpecManager, kernel_name: str) -> None:
+    """``BackendUnavailable`` naming the package when ``kernel_name`` is installed but names a
+    provisioner that is not (jupyter_client then reports no such kernel at all)."""
+    folder = manager.find_kernel_specs().get(kernel_name.lower())
+    if folder is None:
+        return
+    try:
+        body = json.loads((Path(folder) / "kernel.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    config = (body.get("metadata") or {}).get("kernel_provisioner") or {}
+    provisioner = config.get("provisioner_name")
+    if isinstance(provisioner, str) and provisioner:
+        check_provisioner(kernel_name, provisioner)
 
 
 class _Specs(KernelSpecManager):
@@ -356,6 +373,8 @@ class ProvisionedKernel(KernelBackend):
         try:
             return manager.get_kernel_spec(self.kernel_name)
         except NoSuchKernel:
+            # jupyter_client hides a kernelspec whose provisioner is not installed: say which.
+            _check_hidden_spec(manager, self.kernel_name)
             known = ", ".join(available_kernels(manager)) or "none installed"
             raise KernelStartFailed(
                 f"no kernelspec named {self.kernel_name!r} (provisioned kernelspecs: {known})"
