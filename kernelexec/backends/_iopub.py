@@ -28,6 +28,59 @@ BATCH = 64
 _shadows: weakref.WeakKeyDictionary[Any, zmq.Socket[bytes]] = weakref.WeakKeyDictionary()
 
 
+class BatchingClient:
+    """A jupyter_client ``AsyncKernelClient`` as the executor uses it (``KernelClientLike``),
+    IOPub read in batches. Subclasses see every IOPub message through ``_seen``."""
+
+    def __init__(self, kc: AsyncKernelClient) -> None:
+        self.kc = kc
+
+    def execute(
+        self,
+        code: str,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool | None = None,
+        stop_on_error: bool = True,
+    ) -> str:
+        msg_id: str = self.kc.execute(
+            code,
+            silent=silent,
+            store_history=store_history,
+            user_expressions=user_expressions,
+            allow_stdin=allow_stdin,
+            stop_on_error=stop_on_error,
+        )
+        return msg_id
+
+    def _seen(self, msg: dict[str, Any]) -> None:
+        """Called with each IOPub message as it is handed out."""
+
+    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self.kc.get_iopub_msg(timeout=timeout)
+        self._seen(msg)
+        return msg
+
+    async def get_iopub_batch(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """What IOPub holds after one wait; ``Empty`` when nothing came."""
+        msgs = await receive_batch(self.kc, timeout)
+        for msg in msgs:
+            self._seen(msg)
+        return msgs
+
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self.kc.get_shell_msg(timeout=timeout)
+        return msg
+
+    async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = await self.kc.get_stdin_msg(timeout=timeout)
+        return msg
+
+    def input(self, string: str) -> None:
+        self.kc.input(string)
+
+
 async def iopub_batch(client: Any, timeout: float | None) -> list[dict[str, Any]]:
     """The next IOPub messages of any kernel client: a batch when it can give one."""
     batch = getattr(client, "get_iopub_batch", None)

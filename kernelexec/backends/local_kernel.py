@@ -34,7 +34,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
 from ._fork_server import KERNEL_ARGS
-from ._iopub import receive_batch
+from ._iopub import BatchingClient
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
@@ -92,7 +92,7 @@ class BlockOwner(Protocol):
     def _jail_pids(self) -> set[_containment.Member]: ...
 
 
-class BlockTracker:
+class BlockTracker(BatchingClient):
     """The kernel client, noting which block (a non-silent execute request) is running.
 
     A block starts when its request is sent and ends with the kernel's ``idle`` status for it;
@@ -101,7 +101,8 @@ class BlockTracker:
     """
 
     def __init__(self, kc: AsyncKernelClient, owner: BlockOwner) -> None:
-        self._kc, self._owner = kc, owner
+        super().__init__(kc)
+        self._owner = owner
         self._msg_id: str | None = None
 
     def execute(
@@ -114,31 +115,14 @@ class BlockTracker:
         stop_on_error: bool = True,
     ) -> str:
         before = None if silent else self._owner._jail_pids()
-        msg_id: str = self._kc.execute(
-            code,
-            silent=silent,
-            store_history=store_history,
-            user_expressions=user_expressions,
-            allow_stdin=allow_stdin,
-            stop_on_error=stop_on_error,
+        msg_id = super().execute(
+            code, silent, store_history, user_expressions, allow_stdin, stop_on_error
         )
         if before is not None:
             self._msg_id, self._owner._block_pids = msg_id, before
         return msg_id
 
-    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self._kc.get_iopub_msg(timeout=timeout)
-        self._note(msg)
-        return msg
-
-    async def get_iopub_batch(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """What IOPub holds after one wait (see ``_iopub``); ``Empty`` when nothing came."""
-        msgs = await receive_batch(self._kc, timeout)
-        for msg in msgs:
-            self._note(msg)
-        return msgs
-
-    def _note(self, msg: dict[str, Any]) -> None:
+    def _seen(self, msg: dict[str, Any]) -> None:
         if (
             self._msg_id is not None
             and msg.get("msg_type") == "status"
@@ -146,17 +130,6 @@ class BlockTracker:
             and msg.get("parent_header", {}).get("msg_id") == self._msg_id
         ):
             self._msg_id, self._owner._block_pids = None, None
-
-    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self._kc.get_shell_msg(timeout=timeout)
-        return msg
-
-    async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self._kc.get_stdin_msg(timeout=timeout)
-        return msg
-
-    def input(self, string: str) -> None:
-        self._kc.input(string)
 
 
 class LocalKernel(KernelBackend):

@@ -40,7 +40,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from .._sync import Portal
-from ._iopub import receive_batch
+from ._iopub import BatchingClient
 from ._ready import start_channels
 from ._remote import setup_code
 from .base import KernelBackend, KernelClientLike
@@ -200,48 +200,8 @@ def _has_trait(provisioner: str, trait: str) -> bool:
 
 
 # -- the client ------------------------------------------------------------------------------
-class _Client:
+class _Client(BatchingClient):
     """The kernel's client, with IOPub read in batches (see ``_iopub``)."""
-
-    def __init__(self, kc: AsyncKernelClient) -> None:
-        self.kc = kc
-
-    def execute(
-        self,
-        code: str,
-        silent: bool = False,
-        store_history: bool = True,
-        user_expressions: dict[str, Any] | None = None,
-        allow_stdin: bool | None = None,
-        stop_on_error: bool = True,
-    ) -> str:
-        msg_id: str = self.kc.execute(
-            code,
-            silent=silent,
-            store_history=store_history,
-            user_expressions=user_expressions,
-            allow_stdin=allow_stdin,
-            stop_on_error=stop_on_error,
-        )
-        return msg_id
-
-    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self.kc.get_iopub_msg(timeout=timeout)
-        return msg
-
-    async def get_iopub_batch(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        return await receive_batch(self.kc, timeout)
-
-    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self.kc.get_shell_msg(timeout=timeout)
-        return msg
-
-    async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self.kc.get_stdin_msg(timeout=timeout)
-        return msg
-
-    def input(self, string: str) -> None:
-        self.kc.input(string)
 
 
 # -- the back end --------------------------------------------------------------------------------
