@@ -23,11 +23,12 @@ import contextlib
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -141,7 +142,8 @@ def check_provisioner(kernel_name: str, provisioner: str) -> None:
         hint = CLUSTER_EXTRA_HINT if provisioner in GP_PROVISIONERS else "install its package"
         raise BackendUnavailable(f"{where}, which is not installed: {hint} ({what}provisioners)")
     try:
-        next(iter(entries)).load()
+        with _random_state_kept():  # its modules reseed the global generator when imported
+            next(iter(entries)).load()
     except ImportError as exc:
         raise BackendUnavailable(
             f"{where}, which cannot be loaded ({exc}): {CLUSTER_EXTRA_HINT}"
@@ -443,9 +445,35 @@ class ProvisionedKernel(KernelBackend):
                     os.unlink(log_path)
 
 
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
+def _steady_response_manager() -> None:
+    """gateway_provisioners' response manager (a process-wide singleton) polls its socket with
+    a tornado ``PeriodicCallback`` whose jitter draws from the global ``random`` generator on
+    every tick, for the life of the process: a caller's seeded ``random`` sequence would change
+    under it (seen: hypothesis refused to run beside it). Its period stays, without jitter."""
+    module = sys.modules.get("gateway_provisioners.response_manager")
+    manager_class = getattr(module, "ResponseManager", None)
+    if manager_class is None or not manager_class.initialized():
+        return
+    processor = getattr(manager_class.instance(), "_connection_processor", None)
+    if processor is not None and hasattr(processor, "jitter"):
+        processor.jitter = 0
+
+
 # -- on the provisioners' loop ------------------------------------------------------------------
 async def _start_kernel(km: AsyncKernelManager, env: dict[str, str], stdout: Any, err: int) -> None:
-    await km.start_kernel(env=env, stdout=stdout, stderr=err)
+    try:
+        await km.start_kernel(env=env, stdout=stdout, stderr=err)
+    finally:
+        _steady_response_manager()
 
 
 async def _shutdown(km: AsyncKernelManager, now: bool) -> bool:

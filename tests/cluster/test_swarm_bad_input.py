@@ -4,6 +4,7 @@ kernel never answers in either case, so nothing needs to reach the overlay netwo
 from __future__ import annotations
 
 import io
+import random
 import time
 import uuid
 from collections.abc import Iterator
@@ -64,3 +65,10 @@ def test_a_service_that_never_reports_back_times_out_and_is_removed(
         ex.close()
     assert time.monotonic() - started < 40
     assert _created(use_specs, before) == []  # the provisioner removed the service it made
+    # The provisioner's response manager outlives the launch (a process-wide poller): it must
+    # not draw from the caller's global random generator (a seeded sequence stays the same).
+    random.seed(7)
+    expected = [random.random() for _ in range(3)]
+    random.seed(7)
+    time.sleep(0.5)  # tens of the poller's ticks
+    assert [random.random() for _ in range(3)] == expected
