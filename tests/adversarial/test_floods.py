@@ -140,8 +140,10 @@ def test_binary_output_leaves_no_control_characters_in_output(flood: dict[str, A
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)
 def test_a_blocks_output_never_reaches_the_hosts_stdout(flood: dict[str, Any]) -> None:
     case = _case(flood, "host-stdout")
-    # All of it reached the result ...
+    # All of it reached the result ... (fd 1 is read by ipykernel's own thread, so its text can
+    # land anywhere in the print's, even between the print's text and its newline: seen in CI)
     for where in ("fd", "child", "print"):
-        assert f"{TOKEN}-{where}\n" in case["stdout"]
+        assert f"{TOKEN}-{where}" in case["stdout"]
+    assert case["stdout"].count("\n") >= 3
     # ... and none of it, nor the random bytes of the other cases, the host's own stdout.
     assert flood["host_stdout"] == b""
