@@ -113,6 +113,10 @@ def _kx_setup():
 _kx_setup()
 del _kx_setup
 """
+# Sent as one string literal: IPython tokenizes a cell twice before running it, and the set-up
+# code's thousand tokens cost each new kernel about 7 ms (measured: the set-up run took 15.6 ms
+# as code, 8.5 ms as one literal, in a forked kernel).
+_SETUP_CELL = f"exec(compile({_SETUP_CODE!r}, '<kernelexec set-up>', 'exec'))\n"
 
 
 class _Ending(enum.Enum):
@@ -203,7 +207,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
-        await self._run_quietly(_SETUP_CODE)
+        await self._run_quietly(_SETUP_CELL)
 
     async def _run_quietly(self, code: str) -> None:
         """Run kernelexec's own code (not recorded in history, no outputs)."""

@@ -31,12 +31,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
-from ._ready import NotReady, start_channels, wait_bound, wait_ready
+from ._ready import NotReady, start_channels, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 from .local_kernel import BlockTracker
@@ -44,6 +45,10 @@ from .local_kernel import BlockTracker
 _log = logging.getLogger("kernelexec")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
 _SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
+# Until the kernel has bound its sockets, the client's connects fail and are retried: every
+# millisecond at first, backing off to a tenth of a second (a kernel that never binds).
+_RECONNECT_MS = 1
+_RECONNECT_MAX_MS = 100
 
 
 class _ForkServer:
@@ -206,20 +211,30 @@ class ForkKernel(KernelBackend):
 
     async def _launch(self, timeout: float) -> None:
         try:
-            await self._fork(timeout)
-            await self._connect(timeout)
+            await self._fork_and_connect(timeout)
         except BaseException:
             await self._stop(polite=False)  # nothing half-started is left behind
             raise
 
-    async def _fork(self, timeout: float) -> None:
+    async def _fork_and_connect(self, timeout: float) -> None:
         server = await asyncio.to_thread(_server, self.python, self.warm_up, max(timeout, 30))
         self._server_pid = server.pid
+        request = self._request()
+        forking = asyncio.ensure_future(asyncio.to_thread(server.fork, request, timeout))
+        try:
+            # While the child starts (on another core), connect: the sockets retry every
+            # millisecond until the kernel has bound its own (measured: about 4 ms of a start).
+            self._open_channels(request["connection_file"])
+        finally:
+            self._pid = await forking
+        await self._wait_ready(timeout)
+
+    def _request(self) -> dict[str, Any]:
         # IPC sockets in a private folder, as for a local kernel: no TCP port, no other user.
         self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
         connection_file = os.path.join(self._dir, "kernel.json")
         write_connection_file(connection_file, transport="ipc", ip=os.path.join(self._dir, "k"))
-        request = {
+        return {
             "connection_file": connection_file,
             "cwd": str(self._work_dir),
             "env": self._env,
@@ -227,7 +242,6 @@ class ForkKernel(KernelBackend):
             "status": os.path.join(self._dir, "exit-status"),
             "cgroup": self._cgroup_procs(),
         }
-        self._pid = await asyncio.to_thread(server.fork, request, timeout)
 
     def _cgroup_procs(self) -> str | None:
         """A cgroup for the kernel when the host offers one (the forked child joins it before
@@ -239,16 +253,18 @@ class ForkKernel(KernelBackend):
         self._jail = jail = _containment.make_jail(mechanism)
         return None if jail.procs_file is None else str(jail.procs_file)
 
-    async def _connect(self, timeout: float) -> None:
-        assert self._dir is not None
-        self._kc = kc = AsyncKernelClient(connection_file=os.path.join(self._dir, "kernel.json"))
+    def _open_channels(self, connection_file: str) -> None:
+        self._kc = kc = AsyncKernelClient(connection_file=connection_file)
         self._tracker = BlockTracker(kc, self)
         kc.load_connection_file()
-        deadline = time.monotonic() + timeout
+        kc.context.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
+        kc.context.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_MAX_MS)
+        start_channels(kc)
+
+    async def _wait_ready(self, timeout: float) -> None:
+        assert self._kc is not None
         try:
-            await wait_bound(_socket_files(kc), deadline, self._running)
-            start_channels(kc)
-            await wait_ready(kc, deadline, self._running)
+            await wait_ready(self._kc, time.monotonic() + timeout, self._running)
         except NotReady as exc:
             detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
             raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
@@ -332,11 +348,6 @@ class ForkKernel(KernelBackend):
             folder, self._dir = self._dir, None
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _socket_files(kc: AsyncKernelClient) -> list[str]:
-    ports = (kc.shell_port, kc.iopub_port, kc.stdin_port, kc.control_port)
-    return [f"{kc.ip}-{port}" for port in ports]
 
 
 async def _wait_gone(pid: int, seconds: float) -> None:

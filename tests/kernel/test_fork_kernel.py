@@ -105,6 +105,55 @@ def test_history_is_kept_in_memory_not_in_the_profile(ex: KernelExecutor) -> Non
     assert ex.execute("get_ipython().history_manager.hist_file").output == "':memory:'"
 
 
+def test_the_shell_built_in_the_server_is_each_kernels_own(tmp_path: Path) -> None:
+    """The server builds the kernel's IPython shell once; each forked kernel takes it over with
+    its own folder, environment, history session and kernel, and shares nothing with another."""
+    check = (
+        "import datetime, os, sys\n"
+        "ip = get_ipython()\n"
+        "print(ip.starting_dir, ip.user_ns['_dh'][0], os.environ['KX_MARK'], os.environ['TERM'],"
+        " os.environ['PAGER'], type(ip.kernel).__name__, ip.kernel.shell is ip,"
+        " ip.parent is ip.kernel, ip.display_pub.pub_socket is ip.kernel.iopub_socket,"
+        " datetime.datetime.fromisoformat(str(ip.history_manager.get_session_info()[1]))"
+        " >= START, sep='|')"
+    )
+    seen = []
+    for mark in ("one", "two"):
+        work = tmp_path / mark
+        work.mkdir()
+        start = f"import datetime\nSTART = datetime.datetime.fromisoformat('{_now()}')"
+        with make_executor("fork-kernel", work_dir=work, env={"KX_MARK": mark}) as ex:
+            assert ex.execute(f"{start}\nsecret_{mark} = 1").ok
+            out = ex.execute(check).output.strip().split("|")
+            assert (
+                out
+                == [str(work), str(work), mark, "xterm-color", "cat", "IPythonKernel"]
+                + ["True"] * 4
+            ), out
+            seen.append(ex.execute("sorted(k for k in globals() if k.startswith('secret'))").output)
+            assert ex.execute("In[1].startswith('import datetime')").output == "True"
+    assert seen == ["['secret_one']", "['secret_two']"]
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now().replace(microsecond=0).isoformat(" ")
+
+
+def test_the_kernels_module_list_is_complete(tmp_path: Path) -> None:
+    """ipykernel lists the loaded modules' files for its debugger; a forked kernel reads the
+    server's list (and modules imported since), not every module object."""
+    with make_executor("fork-kernel", work_dir=tmp_path, warm_up=["fractions"]) as ex:
+        code = (
+            "import sys, fractions, ipykernel.kernelapp, json\n"
+            "files = get_ipython().kernel._kernel_modules\n"
+            "print(all(isinstance(f, str) and f for f in files), len(set(files)) > 300,"
+            " fractions.__file__ in files, ipykernel.kernelapp.__file__ in files)"
+        )
+        assert ex.execute(code).output.strip() == "True True True True"
+
+
 def test_a_kernel_with_its_own_ipython_dir_reads_its_own_profile(tmp_path: Path) -> None:
     """The server prepared the kernel application under its own environment; a kernel whose
     environment names other config folders must not get the server's."""
@@ -303,3 +352,26 @@ def test_the_bench_reads_an_idle_forked_kernels_own_memory_before_close(tmp_path
     uss = session.metrics()["kernel_uss_mib"]
     assert 1 < uss < 40, uss  # what only this kernel holds: a cold kernel alone is ~50 MiB
     assert _gone_within(pid)
+
+
+def test_a_kernel_asking_for_a_different_shell_gets_a_new_one() -> None:
+    """The prepared shell is handed over only for the arguments it was built with; any other
+    request (another compiler class here) builds a new shell, as in a cold kernel."""
+    script = (
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(fork_kernel._SERVER_SCRIPT)!r})\n"
+        "server = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(server)\n"
+        "server._prepare_app()\n"
+        "prepared = server._shell\n"
+        "server._adopt_shell()\n"
+        "from IPython.core.compilerop import CachingCompiler\n"
+        "class Other(CachingCompiler): pass\n"
+        "args = dict(server._shell_args, compiler_class=Other)\n"
+        "shell = type(prepared).instance(parent=None, kernel=object(), **args)\n"
+        "print(shell is not prepared, type(shell.compile).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.stdout.split() == ["True", "Other"], out.stderr[-2000:]
