@@ -192,7 +192,7 @@ def _own_process(shell: Any) -> None:
             )
 
 
-def _launch(connection_file: str, env: dict[str, str]) -> None:
+def _launch(connection_file: str, env: dict[str, str], setup: str | None) -> None:
     """Run the kernel application (in the forked child; returns when the kernel ends)."""
     from ipykernel import kernelapp
 
@@ -204,8 +204,16 @@ def _launch(connection_file: str, env: dict[str, str]) -> None:
         kernelapp.IPKernelApp.clear_instance()  # the prepared one read the server's folders
         if _shell is not None:
             type(_shell).clear_instance()
-        kernelapp.launch_new_instance(argv=argv)
-        return
+        app = kernelapp.IPKernelApp.instance()
+        app.initialize(argv)  # type: ignore[no-untyped-call]
+    else:
+        app = _prepared_app(connection_file, parent)
+    _run_setup(app, setup)
+    app.start()  # type: ignore[no-untyped-call]
+
+
+def _prepared_app(connection_file: str, parent: int) -> Any:
+    from ipykernel import ipkernel, kernelapp
     from IPython.core.application import BaseIPythonApplication
 
     app = kernelapp.IPKernelApp.instance()
@@ -214,14 +222,20 @@ def _launch(connection_file: str, env: dict[str, str]) -> None:
     BaseIPythonApplication.initialize = lambda self, argv=None: None  # type: ignore[method-assign]
     if _shell is not None:
         _adopt_shell()
-    from ipykernel import ipkernel
-
     vars(ipkernel)["sys"] = _SysView()
     try:
         app.initialize([])  # type: ignore[no-untyped-call]
     finally:
         vars(ipkernel)["sys"] = sys
-    app.start()  # type: ignore[no-untyped-call]
+    return app
+
+
+def _run_setup(app: Any, setup: str | None) -> None:
+    """The host's set-up code, run in the kernel's namespace before the kernel answers anyone
+    (what a silent first request would do, without the round trip). A failure ends the kernel
+    with the traceback in its log: the host reports a kernel that did not start."""
+    if setup:
+        exec(compile(setup, "<kernelexec set-up>", "exec"), app.shell.user_ns)
 
 
 # ipykernel's kernel lists every loaded module's file as it starts (for its debugger), reading
@@ -296,12 +310,16 @@ def _kernel(request: dict[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _reset_matplotlib()
-        _launch(request["connection_file"], request["env"])
+        _launch(request["connection_file"], request["env"], request.get("setup"))
         code = 0
     except BaseException:
         import traceback
 
-        traceback.print_exc()
+        # To the kernel's log (fd 2), not to sys.stderr: ipykernel may have replaced it with a
+        # stream that only reaches IOPub, and nothing is flushed by os._exit.
+        if sys.__stderr__ is not None:
+            traceback.print_exc(file=sys.__stderr__)
+            sys.__stderr__.flush()
     finally:
         os._exit(code)
 

@@ -121,6 +121,12 @@ class KernelBackend(ABC):
         """The work dir as the kernel sees it (None: the host path itself)."""
         return None
 
+    def run_at_start(self, code: str) -> bool:
+        """Offer Python code the executor would otherwise run as the kernel's first (silent)
+        request. A back end that runs it inside every kernel it starts, before the kernel
+        answers (no round trip), keeps it and returns True; the default declines."""
+        return False
+
     @abstractmethod
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         """Start a kernel whose working directory is ``work_dir``; wait until it answers."""

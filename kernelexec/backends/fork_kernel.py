@@ -190,6 +190,12 @@ class ForkKernel(KernelBackend):
         self._dir: str | None = None
         self._work_dir: Path | None = None
         self._env: dict[str, str] = {}
+        self._setup: str | None = None
+
+    def run_at_start(self, code: str) -> bool:
+        """The forked child runs it once its kernel is built, before the kernel answers."""
+        self._setup = code
+        return True
 
     @property
     def client(self) -> KernelClientLike:
@@ -241,6 +247,7 @@ class ForkKernel(KernelBackend):
             "log": os.path.join(self._dir, "kernel.log"),
             "status": os.path.join(self._dir, "exit-status"),
             "cgroup": self._cgroup_procs(),
+            "setup": self._setup,
         }
 
     def _cgroup_procs(self) -> str | None:
@@ -267,7 +274,20 @@ class ForkKernel(KernelBackend):
             await wait_ready(self._kc, time.monotonic() + timeout, self._running)
         except NotReady as exc:
             detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
+            log = self._log_tail()
+            detail += f"; its log ends:\n{log}" if log else ""
             raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
+
+    def _log_tail(self, limit: int = 2000) -> str:
+        """The end of the kernel's own output (a traceback, when it failed to start)."""
+        if self._dir is None:
+            return ""
+        try:
+            with open(os.path.join(self._dir, "kernel.log"), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel; and SIGKILL to every process the running block started that

@@ -20,6 +20,7 @@ from kernelexec import (
     BackendUnavailable,
     ForkKernel,
     KernelExecutor,
+    KernelStartFailed,
     PoolOptions,
     make_executor,
     stop_fork_servers,
@@ -375,3 +376,31 @@ def test_a_kernel_asking_for_a_different_shell_gets_a_new_one() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
     )
     assert out.stdout.split() == ["True", "Other"], out.stderr[-2000:]
+
+
+def test_the_set_up_runs_in_the_child_before_the_kernel_answers(tmp_path: Path) -> None:
+    """A forked kernel runs the executor's set-up code as it starts (no first request): its
+    effects are there before the first block and again after a restart."""
+    check = (
+        "import sys\n"
+        "print(getattr(sys.stdout.write, '_kx_bounded', False),"
+        " get_ipython().kernel._execute_sleep == 0)"
+    )
+    with make_executor("fork-kernel", work_dir=tmp_path) as ex:
+        assert ex.execute(check).output.strip() == "True True"
+        ex.restart()
+        assert ex.execute(check).output.strip() == "True True"
+
+
+def test_a_failing_set_up_is_a_start_failure_with_the_traceback(tmp_path: Path) -> None:
+    backend = ForkKernel()
+    assert backend.run_at_start("raise RuntimeError('set-up broke here')")
+
+    async def start() -> None:
+        try:
+            await backend.start(work_dir=tmp_path, env=dict(os.environ), timeout=20)
+        finally:
+            await backend.shutdown()
+
+    with pytest.raises(KernelStartFailed, match=r"(?s)it exited.*set-up broke here"):
+        asyncio.run(start())
