@@ -166,7 +166,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._env.pop("PYTEST_CURRENT_TEST", None)
         self._dead: str | None = None
         # The set-up code runs inside each kernel as it starts where the back end offers it
-        # (a forked kernel: one round trip less, measured ~9 ms of its start), else as a request.
+        # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
 
     @property

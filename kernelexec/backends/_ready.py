@@ -4,15 +4,16 @@
 a manager, polls a heartbeat every 0.2 s: most of a fast kernel's start. Here the kernel counts
 as ready once a ``kernel_info_request`` was answered on the shell channel *and* its ``idle``
 status arrived on IOPub (so the subscription is live and no output of the first block can be
-missed). A forked kernel's client connects while the kernel is still starting, with a
-millisecond reconnect interval (see ``fork_kernel``); other clients connect once the kernel's
-ports are known.
+missed). With IPC transport the client connects only once the kernel has bound its sockets, so
+no connect waits out zmq's reconnect interval.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import Empty
 from typing import Any
 
@@ -24,6 +25,7 @@ import zmq
 #: makes the kernel wait: nothing is dropped, and the host's memory stays bounded.
 RECEIVE_QUEUE = 64
 
+_POLL = 0.002  # seconds between looks at the socket files
 _TRY = 0.5  # seconds one kernel_info request gets before another is sent
 
 
@@ -44,6 +46,20 @@ def start_channels(client: Any) -> None:
     """
     client.context.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
     client.start_channels(hb=False)  # liveness comes from the process itself
+
+
+async def wait_bound(paths: Iterable[str], deadline: float, alive: Callable[[], bool]) -> None:
+    """Wait until every IPC socket file exists (the kernel has bound its channels)."""
+    pending = list(paths)
+    while pending:
+        pending = [p for p in pending if not os.path.exists(p)]
+        if not pending:
+            return
+        if not alive():
+            raise NotReady(died=True)
+        if time.monotonic() > deadline:
+            raise NotReady(died=False)
+        await asyncio.sleep(_POLL)
 
 
 async def wait_ready(client: Any, deadline: float, alive: Callable[[], bool]) -> None:

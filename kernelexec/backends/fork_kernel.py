@@ -31,13 +31,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
-from ._ready import NotReady, start_channels, wait_ready
+from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 from .local_kernel import BlockTracker
@@ -45,10 +44,6 @@ from .local_kernel import BlockTracker
 _log = logging.getLogger("kernelexec")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
 _SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
-# Until the kernel has bound its sockets, the client's connects fail and are retried: every
-# millisecond at first, backing off to a tenth of a second (a kernel that never binds).
-_RECONNECT_MS = 1
-_RECONNECT_MAX_MS = 100
 
 
 class _ForkServer:
@@ -226,14 +221,20 @@ class ForkKernel(KernelBackend):
         server = await asyncio.to_thread(_server, self.python, self.warm_up, max(timeout, 30))
         self._server_pid = server.pid
         request = self._request()
-        forking = asyncio.ensure_future(asyncio.to_thread(server.fork, request, timeout))
+        self._pid = await asyncio.to_thread(server.fork, request, timeout)
+        self._kc = kc = AsyncKernelClient(connection_file=request["connection_file"])
+        self._tracker = BlockTracker(kc, self)
+        kc.load_connection_file()
+        deadline = time.monotonic() + timeout
         try:
-            # While the child starts (on another core), connect: the sockets retry every
-            # millisecond until the kernel has bound its own (measured: about 4 ms of a start).
-            self._open_channels(request["connection_file"])
-        finally:
-            self._pid = await forking
-        await self._wait_ready(timeout)
+            await wait_bound(_socket_files(kc), deadline, self._running)
+            start_channels(kc)
+            await wait_ready(kc, deadline, self._running)
+        except NotReady as exc:
+            detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
+            log = self._log_tail()
+            detail += f"; its log ends:\n{log}" if log else ""
+            raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
 
     def _request(self) -> dict[str, Any]:
         # IPC sockets in a private folder, as for a local kernel: no TCP port, no other user.
@@ -259,24 +260,6 @@ class ForkKernel(KernelBackend):
             return None
         self._jail = jail = _containment.make_jail(mechanism)
         return None if jail.procs_file is None else str(jail.procs_file)
-
-    def _open_channels(self, connection_file: str) -> None:
-        self._kc = kc = AsyncKernelClient(connection_file=connection_file)
-        self._tracker = BlockTracker(kc, self)
-        kc.load_connection_file()
-        kc.context.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
-        kc.context.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_MAX_MS)
-        start_channels(kc)
-
-    async def _wait_ready(self, timeout: float) -> None:
-        assert self._kc is not None
-        try:
-            await wait_ready(self._kc, time.monotonic() + timeout, self._running)
-        except NotReady as exc:
-            detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
-            log = self._log_tail()
-            detail += f"; its log ends:\n{log}" if log else ""
-            raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
 
     def _log_tail(self, limit: int = 2000) -> str:
         """The end of the kernel's own output (a traceback, when it failed to start)."""
@@ -368,6 +351,11 @@ class ForkKernel(KernelBackend):
             folder, self._dir = self._dir, None
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _socket_files(kc: AsyncKernelClient) -> list[str]:
+    ports = (kc.shell_port, kc.iopub_port, kc.stdin_port, kc.control_port)
+    return [f"{kc.ip}-{port}" for port in ports]
 
 
 async def _wait_gone(pid: int, seconds: float) -> None:

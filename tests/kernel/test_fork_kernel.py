@@ -404,3 +404,13 @@ def test_a_failing_set_up_is_a_start_failure_with_the_traceback(tmp_path: Path) 
 
     with pytest.raises(KernelStartFailed, match=r"(?s)it exited.*set-up broke here"):
         asyncio.run(start())
+
+
+def test_matplotlibs_backend_follows_each_kernels_environment(tmp_path: Path) -> None:
+    """The server imported matplotlib under its own MPLBACKEND; each kernel's env decides."""
+    code = "import matplotlib\nprint(matplotlib.get_backend())"
+    with make_executor("fork-kernel", work_dir=tmp_path, warm_up=["matplotlib"]) as ex:
+        assert "inline" in ex.execute(code).output
+    env = {"MPLBACKEND": "agg"}
+    with make_executor("fork-kernel", work_dir=tmp_path, warm_up=["matplotlib"], env=env) as ex:
+        assert ex.execute(code).output.strip().lower() == "agg"
