@@ -32,7 +32,9 @@ _GROUP_LABELS = {"floor": "floor (raw client)", "kernelexec": "kernelexec", "pee
 
 
 def _measured(results: BenchResults, workload: str) -> list[RowResult]:
-    return [r for r in results.rows if r.workload == workload and r.blocks]
+    # A failed row's blocks end at the failure: drawn, they would read as a measurement (the
+    # report says why it failed).
+    return [r for r in results.rows if r.workload == workload and r.blocks and r.status != "failed"]
 
 
 def _workloads(results: BenchResults) -> list[str]:

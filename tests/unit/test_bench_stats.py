@@ -460,6 +460,22 @@ def test_charts_give_each_executor_one_colour_everywhere(results: BenchResults) 
     assert any("floor" in t for t in legend_texts)
 
 
+def test_a_failed_row_is_not_drawn_as_a_measurement(results: BenchResults) -> None:
+    """A row that failed on its first block has that block's time; the charts leave it out."""
+    from kernelexec.bench.charts import bars_figure, latency_figure
+
+    failed = _row("trivial", "ag2-command", [0.373], startup=0.1, stateful=False, group="peer")
+    failed.status, failed.reason = "failed", "BlockFailed: no module named pandas"
+    results.rows.append(failed)
+    try:
+        for panel in bars_figure(results).axes:
+            assert "ag2-command" not in [t.get_text() for t in panel.get_xticklabels()]
+        for panel in latency_figure(results).axes:
+            assert "ag2-command" not in [line.get_label() for line in panel.get_lines()]
+    finally:
+        results.rows.remove(failed)
+
+
 def test_chart_axes_read_as_plain_milliseconds(results: BenchResults) -> None:
     """Log axes are labelled 20, 50, 100, not 2x10^1; bars carry their values."""
     from kernelexec.bench.charts import bars_figure, latency_figure
