@@ -8,6 +8,7 @@ ways, and a clean end (no thread, no socket file left).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -46,7 +47,9 @@ class _Echo:
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:
-        with conn:
+        # A relay that closes a connection may reset it: the end of this echo, not an error
+        # (raised on this thread it failed a teardown in CI).
+        with conn, contextlib.suppress(ConnectionError):
             conn.sendall(b"echo:")
             while data := conn.recv(65536):
                 conn.sendall(data)

@@ -126,8 +126,12 @@ def test_ctrl_c_at_the_prompt_drops_the_pending_input(repl: pexpect.spawn) -> No
 
 
 def quit_repl(child: pexpect.spawn) -> None:
+    # Under load a Ctrl-D sent the instant the prompt is drawn was once not seen (CI, 2 CPUs):
+    # the prompt came back and the REPL waited. A second Ctrl-D is what a user would type.
     child.sendeof()
-    child.expect(pexpect.EOF, timeout=30)
+    if child.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=10) == 1:
+        child.sendeof()
+        child.expect(pexpect.EOF, timeout=30)
     child.close()
     assert child.exitstatus == 0
 
