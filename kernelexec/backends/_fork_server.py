@@ -157,12 +157,11 @@ def _adopt_shell() -> None:
         else:
             cls.instance = own
         kernel = kwargs.get("kernel")
-        wanted = {k: kwargs.get(k) for k in _shell_args}
         if (
             of is not cls
             or args
             or kernel is None
-            or any(wanted[k] is not v for k, v in _shell_args.items())
+            or any(kwargs.get(k) is not v for k, v in _shell_args.items())
         ):
             cls.clear_instance()
             return of.instance(*args, **kwargs)
@@ -220,8 +219,7 @@ def _prepared_app(connection_file: str, parent: int) -> Any:
     app.connection_file, app.parent_handle = connection_file, parent
     # IPKernelApp.initialize starts with its base's initialize, which the server already ran.
     BaseIPythonApplication.initialize = lambda self, argv=None: None  # type: ignore[method-assign]
-    if _shell is not None:
-        _adopt_shell()
+    _adopt_shell()  # the server prepared its shell with its application
     vars(ipkernel)["sys"] = _SysView()
     try:
         app.initialize([])  # type: ignore[no-untyped-call]

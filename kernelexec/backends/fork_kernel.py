@@ -39,7 +39,7 @@ from . import _containment
 from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
-from .local_kernel import BlockTracker
+from .local_kernel import BlockTracker, log_end
 
 _log = logging.getLogger("kernelexec")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
@@ -261,16 +261,9 @@ class ForkKernel(KernelBackend):
         self._jail = jail = _containment.make_jail(mechanism)
         return None if jail.procs_file is None else str(jail.procs_file)
 
-    def _log_tail(self, limit: int = 2000) -> str:
+    def _log_tail(self) -> str:
         """The end of the kernel's own output (a traceback, when it failed to start)."""
-        if self._dir is None:
-            return ""
-        try:
-            with open(os.path.join(self._dir, "kernel.log"), "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-                return f.read().decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return "" if self._dir is None else log_end(os.path.join(self._dir, "kernel.log"))
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel; and SIGKILL to every process the running block started that

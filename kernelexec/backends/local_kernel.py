@@ -239,12 +239,8 @@ class LocalKernel(KernelBackend):
         """The last line the kernel wrote to its log (why it failed to start, usually)."""
         if self._ipc_dir is None:
             return ""
-        with contextlib.suppress(OSError):
-            with open(self._log_path(), "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 2000))
-                lines = f.read().decode(errors="replace").strip().splitlines()
-            return lines[-1].strip() if lines else ""
-        return ""
+        lines = log_end(self._log_path()).splitlines()
+        return lines[-1].strip() if lines else ""
 
     async def _connect(self, timeout: float) -> None:
         assert self._km is not None
@@ -368,3 +364,11 @@ async def _check_ipykernel(python: str) -> None:
         raise BackendUnavailable(
             f"{python} cannot run an IPython kernel ({detail[0]}); install ipykernel there"
         )
+
+
+def log_end(path: str, limit: int = 2000) -> str:
+    """The last ``limit`` bytes of a kernel's log, stripped ('' if it cannot be read)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+        return f.read().decode(errors="replace").strip()
+    return ""
