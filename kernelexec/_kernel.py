@@ -51,6 +51,69 @@ _SETUP_CODE = f"""\
 def _kx_setup():
     import os, sys
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+    def fast_lookup():
+        # Each display asks eleven formatters for a printer, each looking the object's classes
+        # up in two registries with a trait read per class and registry (about 150 per display,
+        # a third of a display's time): here each registry is read once per lookup. Same
+        # registries, same order, same result; a subclass with its own deferred lookup keeps
+        # the original.
+        from IPython.core import formatters
+        from IPython.lib.pretty import _get_mro
+
+        base = formatters.BaseFormatter
+        slow = base.lookup_by_type
+        if getattr(slow, "_kx_fast", False):
+            return
+
+        def lookup_by_type(self, typ):
+            if isinstance(typ, str) or type(self)._in_deferred_types is not in_deferred:
+                return slow(self, typ)
+            printers = self.type_printers
+            deferred = self.deferred_printers
+            for cls in _get_mro(typ):
+                if cls in printers or (deferred and self._in_deferred_types(cls)):
+                    return printers[cls]
+            raise KeyError("No registered printer for " + repr(typ))
+
+        in_deferred = base._in_deferred_types
+        lookup_by_type._kx_fast = True
+        lookup_by_type._kx_original = slow
+        lookup_by_type.__doc__ = slow.__doc__
+        base.lookup_by_type = lookup_by_type
+
+    def coalesce_wakes(thread):
+        # Every message the kernel sends is queued for its iopub thread, and ipykernel wakes
+        # that thread once per message (a socket send and a thread switch each). Here a wake is
+        # sent only when none is pending: the thread clears the mark before it takes what is
+        # queued, so anything queued after that is either taken then or followed by a wake of
+        # its own. The queue, and so the order of messages, is ipykernel's.
+        import types
+
+        events, puller = thread._events, thread._event_puller
+        if getattr(thread, "_kx_pending", None) is not None or not thread.thread.is_alive():
+            return
+
+        def schedule(self, f):
+            if not self.thread.is_alive():
+                return f()
+            events.append(f)
+            if not self._kx_pending:
+                self._kx_pending = True
+                self._event_pipe.send(b"")
+
+        def handle_event(self, msg):
+            self._kx_pending = False
+            for _ in range(len(events)):
+                events.popleft()()
+
+        def install():  # in the iopub thread: its new handler first, then the senders' side
+            puller.on_recv(types.MethodType(handle_event, thread))
+            thread.schedule = types.MethodType(schedule, thread)
+
+        thread._kx_pending = False
+        thread.schedule(install)
+
     try:
         import zmq
         from ipykernel.kernelapp import IPKernelApp
@@ -62,6 +125,7 @@ def _kx_setup():
             # executor waits for the block's idle status and its marker instead.
             if hasattr(app.kernel, "_execute_sleep"):
                 app.kernel._execute_sleep = 0
+            coalesce_wakes(thread)
     except Exception:
         pass
 
@@ -104,6 +168,10 @@ def _kx_setup():
                     stream.flush()
 
         pub._flush_streams = flush_streams
+    try:
+        fast_lookup()
+    except Exception:
+        pass
     # IPython 9 swaps a stream's ``write`` for a history tee around each cell and puts back
     # what it found afterwards, which drops the patch: so it is put on again as each cell starts.
     if shell is not None:

@@ -335,6 +335,96 @@ def _reset_matplotlib() -> None:
         matplotlib.rcParams["backend"] = wanted
 
 
+# Memory a forked kernel allocates lands first in the server's free holes: a free block in a
+# small-object pool, a free chunk in the C heap, each on a page the kernel shares with the server
+# and so copies whole to write a few bytes. The server fills those holes before it forks (with
+# objects and chunks it keeps): a kernel's allocations then go to fresh pages, side by side
+# (measured: an idle kernel's private memory 15.5 to 14.3 MiB with numpy, pandas, matplotlib).
+_filler: list[Any] = []
+
+
+def _fill_holes() -> None:
+    try:
+        _fill_pools(_debugmallocstats())
+        _fill_heap()
+    except Exception:  # not glibc, or its reports changed: the holes stay, nothing else does
+        pass
+
+
+def _debugmallocstats() -> str:
+    """What ``sys._debugmallocstats`` writes (to file descriptor 2, from C)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        try:
+            os.dup2(f.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        return f.read().decode("ascii", "replace")
+
+
+def _fill_pools(stats: str) -> None:
+    """A free block in a used pool of each size class taken by an object of that size: ``object()``
+    is 16 bytes, a float 24 (the 32-byte class), ``bytes(n)`` 33 + n."""
+    import re
+
+    for size, free in re.findall(r"^\s+\d+\s+(\d+)\s+\d+\s+\d+\s+(\d+)\s*$", stats, re.M):
+        size_, count = int(size), int(free)
+        if size_ >= 48:
+            _filler.append([bytes(size_ - 33) for _ in range(count)])
+        elif size_ == 32:
+            _filler.append([float(i) + 0.5 for i in range(count)])
+        elif size_ == 16:
+            _filler.append([object() for _ in range(count)])
+
+
+def _fill_heap() -> None:
+    """glibc's per-thread cache of each small chunk size first (7 entries), then every free
+    chunk of an exact size its ``malloc_info`` lists (a few rounds: a split chunk leaves a
+    smaller one)."""
+    import ctypes
+    import re
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    for chunk in range(32, 1041, 16):
+        _filler.extend(libc.malloc(chunk - 8) for _ in range(7))
+    for _ in range(3):
+        sizes = re.findall(
+            r'<size from="(\d+)" to="\1" total="\d+" count="(\d+)"', _malloc_info(libc)
+        )
+        for size, count in sizes:
+            _filler.extend(libc.malloc(int(size) - 9) for _ in range(int(count)))
+
+
+def _malloc_info(libc: Any) -> str:
+    """The main heap's part of glibc's ``malloc_info`` report."""
+    import ctypes
+
+    libc.open_memstream.restype = ctypes.c_void_p
+    libc.open_memstream.argtypes = [
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.free.argtypes = [ctypes.c_void_p]
+    text, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(text), ctypes.byref(size))
+    if not stream:
+        return ""
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    report = (text.value or b"").decode("ascii", "replace")
+    libc.free(ctypes.cast(text, ctypes.c_void_p))
+    return report.split('<heap nr="1">')[0].split("</sizes>")[0]
+
+
 class _Reaper:
     """Reaps the server's kernels as they end and writes each one's exit status (negative: the
     signal that killed it) where its request said, so the host can tell a segfault from an
@@ -391,6 +481,7 @@ def serve(modules: list[str], inp: Any, out: Any) -> int:
     # their pages in every forked kernel.
     _list_module_files()
     gc.collect()
+    _fill_holes()
     gc.freeze()
     _answer(out, ready=os.getpid())
     for line in inp:

@@ -1,0 +1,168 @@
+"""What kernelexec's set-up code changes inside each kernel, checked in real kernels (local and
+forked): IPython's formatter lookup (registries read once per lookup) gives the same printer
+and the same errors as IPython's own; ipykernel's iopub wake-ups, sent only when none is
+pending, lose and reorder nothing, from many threads at once and after a flood."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kernelexec import SyncExecutor, make_executor
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module", params=["kernel", "fork-kernel"])
+def ex(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SyncExecutor[Any]]:
+    work = tmp_path_factory.mktemp(f"tuning-{request.param}")
+    with make_executor(
+        request.param, work_dir=work, timeout=120, output_limit=2_000_000
+    ) as executor:
+        yield executor
+
+
+def run(ex: SyncExecutor[Any], code: str) -> str:
+    result = ex.execute(textwrap.dedent(code))
+    assert result.ok, result.output
+    return result.output.strip()
+
+
+def test_both_changes_are_in_place(ex: SyncExecutor[Any]) -> None:
+    out = run(
+        ex,
+        """
+        from IPython.core.formatters import BaseFormatter
+        from ipykernel.kernelapp import IPKernelApp
+        thread = IPKernelApp.instance().iopub_thread
+        print(BaseFormatter.lookup_by_type._kx_fast, thread._kx_pending in (True, False))
+        """,
+    )
+    assert out == "True True"
+
+
+def test_the_lookup_answers_as_ipythons_own(ex: SyncExecutor[Any]) -> None:
+    """Every case of IPython's lookup, answered by both and compared: a type and its subclass,
+    a deferred printer by name (moved to the type registry on first use), a name string, a
+    singleton, an unregistered type (same KeyError), a formatter class with its own deferred
+    lookup."""
+    out = run(
+        ex,
+        """
+        import collections, decimal, fractions
+        from IPython.core.formatters import BaseFormatter, HTMLFormatter
+        fast = BaseFormatter.lookup_by_type
+        slow = fast._kx_original
+
+        def answer(lookup, fmt, typ):
+            try:
+                return ("ok", lookup(fmt, typ))
+            except KeyError as exc:
+                return ("KeyError", str(exc))
+
+        class Base: pass
+        class Child(Base): pass
+        class Unknown: pass
+
+        class Own(HTMLFormatter):
+            def _in_deferred_types(self, cls):
+                return cls is Unknown and self.type_printers.setdefault(cls, repr) is repr
+
+        def build():
+            fmt = HTMLFormatter()
+            fmt.for_type(Base, lambda o: "<i>base</i>")
+            fmt.for_type_by_name("decimal", "Decimal", lambda o: "<i>dec</i>")
+            fmt.for_type_by_name("fractions", "Fraction", lambda o: "<i>frac</i>")
+            return fmt
+
+        cases = [Base, Child, decimal.Decimal, fractions.Fraction, Unknown, int, object,
+                 collections.OrderedDict, "decimal.Decimal", "fractions.Fraction",
+                 "__main__.Nothing", f"{__name__}.Base"]
+        mismatches = []
+        for typ in cases:
+            a, b = build(), build()
+            got, want = answer(fast, a, typ), answer(slow, b, typ)
+            moved = (set(map(str, a.type_printers)), set(a.deferred_printers))
+            want_moved = (set(map(str, b.type_printers)), set(b.deferred_printers))
+            same = (got[0] == want[0] and (got[0] == "KeyError" and got == want
+                    or got[1](None) == want[1](None)))
+            if not same or moved != want_moved:
+                mismatches.append((typ, got, want))
+        own = Own()
+        fast_own, slow_own = answer(fast, own, Unknown), answer(slow, Own(), Unknown)
+        print(mismatches, fast_own == slow_own == ("ok", repr))
+        """,
+    )
+    assert out == "[] True"
+
+
+def test_registered_printers_still_reach_the_output(ex: SyncExecutor[Any]) -> None:
+    result = ex.execute(
+        textwrap.dedent(
+            """
+            import decimal
+            ip = get_ipython()
+            html = ip.display_formatter.formatters["text/html"]
+            class Card: pass
+            class Ace(Card): pass
+            html.for_type(Card, lambda o: "<b>card</b>")
+            html.for_type_by_name("decimal", "Decimal", lambda o: f"<b>{o}</b>")
+            display(Ace(), decimal.Decimal("1.5"))
+            """
+        )
+    )
+    assert result.ok, result.output
+    htmls = [o["data"].get("text/html") for o in result.outputs if "data" in o]
+    assert htmls == ["<b>card</b>", "<b>1.5</b>"]
+
+
+def test_threads_printing_at_once_lose_and_reorder_nothing(ex: SyncExecutor[Any]) -> None:
+    result = ex.execute(
+        textwrap.dedent(
+            r"""
+            import sys, threading
+            from IPython.display import display
+            def work(t):
+                for i in range(1500):
+                    sys.stdout.write(f"t{t} {i}\n")  # one write: print is two
+                    if i % 100 == 0:
+                        display({"text/plain": f"d{t} {i}"}, raw=True)
+            threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+            for th in threads: th.start()
+            for th in threads: th.join()
+            print("end")
+            """
+        ),
+        timeout=120,
+    )
+    assert result.ok, result.output
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "end"
+    for t in range(4):
+        mine = [int(line.split()[1]) for line in lines if line.startswith(f"t{t} ")]
+        assert mine == list(range(1500)), (
+            f"thread {t}: {len(mine)} lines, order kept: {mine == sorted(mine)}"
+        )
+    shown = [o["data"]["text/plain"] for o in result.outputs if o["output_type"] == "display_data"]
+    for t in range(4):
+        assert [s for s in shown if s.startswith(f"d{t} ")] == [
+            f"d{t} {i}" for i in range(0, 1500, 100)
+        ]
+
+
+def test_after_a_flood_the_next_output_still_comes(ex: SyncExecutor[Any]) -> None:
+    flood = ex.execute(
+        "from IPython.display import display\nfor i in range(3000):\n    display(i)\n"
+    )
+    assert flood.ok, flood.output
+    for n in range(20):  # quick blocks after it: each one's output arrives, none is held back
+        assert ex.execute(f"print({n})").output == f"{n}\n"
+    late = ex.execute(
+        "import threading\nt = threading.Thread(target=print, args=('late',))\nt.start(); t.join()"
+    )
+    assert late.output == "late\n"
