@@ -99,8 +99,12 @@ def _kx_setup():
                 return f()
             events.append(f)
             if not self._kx_pending:
-                self._kx_pending = True
-                self._event_pipe.send(b"")
+                self._kx_pending = True  # before the send: the thread may clear it at once
+                try:
+                    self._event_pipe.send(b"")
+                except BaseException:
+                    self._kx_pending = False  # no wake went: the next message sends one
+                    raise
 
         def handle_event(self, msg):
             self._kx_pending = False

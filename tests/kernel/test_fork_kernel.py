@@ -424,9 +424,9 @@ def test_the_server_fills_its_memory_holes_before_it_forks() -> None:
     code = """if True:
         import re, runpy
         ns = runpy.run_path(PATH)
+        row = r"^\\s+\\d+\\s+\\d+\\s+\\d+\\s+\\d+\\s+(\\d+)\\s*$"
         def pools():
-            return sum(int(n) for n in re.findall(r"^\\s+\\d+\\s+\\d+\\s+\\d+\\s+\\d+\\s+(\\d+)\\s*$",
-                                                  ns["_debugmallocstats"](), re.M))
+            return sum(int(n) for n in re.findall(row, ns["_debugmallocstats"](), re.M))
         def chunks():
             import ctypes
             info = ns["_malloc_info"](ctypes.CDLL(None))
