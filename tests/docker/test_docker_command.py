@@ -364,6 +364,7 @@ def test_an_exit_status_above_128_stays_an_exit_status(ex: CommandLineExecutor) 
     assert r.exit_code == 139 and "signal" not in r.output
 
 
+@pytest.mark.usefixtures("docker_client")  # no engine or image: skipped with the reason
 def test_plt_show_saves_figures_in_the_container(tmp_path: Path) -> None:
     from kernelexec import make_executor
 

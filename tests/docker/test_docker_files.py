@@ -13,7 +13,8 @@ from kernelexec import make_executor
 
 
 @pytest.fixture(params=["docker-kernel", "docker-command"])
-def ex(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+def ex(request: pytest.FixtureRequest, tmp_path: Path, docker_client: Any) -> Iterator[Any]:
+    # docker_client: no engine or image, and the tests are skipped with the reason
     with make_executor(request.param, work_dir=tmp_path / "work", timeout=60) as executor:
         yield executor
 

@@ -63,10 +63,17 @@ def test_no_engine_is_docker_unavailable_saying_how_to_start_one(
 
 
 def test_no_engine_on_the_command_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("DOCKER_HOST", MISSING_SOCKET)
-    assert main(["gc"]) == 2
+    # gc's local sweep needs no engine: it succeeds, and says why no container was checked
+    assert main(["gc", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "no containers checked" in err and "No Docker engine answers" in err
+    # a command that needs the engine fails with the same clear message
+    message = tmp_path / "message.md"
+    message.write_text("```python\nprint(1)\n```\n")
+    assert main(["run", str(message), "--executor", "docker-command"]) == 2
     assert "No Docker engine answers" in capsys.readouterr().err
 
 
