@@ -124,6 +124,12 @@ exit 1
 """
 
 
+_ENDED_NOTE = (
+    b"\nkernelexec: the container stopped while the block ran (its PID 1 was killed, or its "
+    b"sandbox ended); the next block runs in a new one.\n"
+)
+
+
 class DockerCommand(CommandBackend):
     """Runs python and shell blocks in a container (``kernelexec/python`` by default).
 
@@ -277,10 +283,7 @@ class DockerCommand(CommandBackend):
         try:
             done = await self._wait(reader, container, timeout)
             if done == "exited":
-                on_stderr(
-                    b"\nkernelexec: the container stopped while the block ran (its PID 1 was "
-                    b"killed, or its sandbox ended); the next block runs in a new one.\n"
-                )
+                on_stderr(_ENDED_NOTE)
                 return CommandOutcome(exit_code=137)
             if done == "timeout":
                 await self._reap(container)
@@ -305,6 +308,11 @@ class DockerCommand(CommandBackend):
         code = await self._docker.exec_exit_code(exec_id)
         if code == 137 and not self.options.shares_host_kernel:
             await self._settle(container)
+        if code == 128 and not self.options.shares_host_kernel and await self._ended(container):
+            # gVisor's exec gave up waiting on a sandbox that ended under it (a fork bomb past
+            # the engine's pids limit): its own "waiting on pid" text is in stderr; say plainly.
+            on_stderr(_ENDED_NOTE)
+            return CommandOutcome(exit_code=137)
         if 128 < code <= 128 + 64 and _read_signal(work_dir / status) == code - 128:
             code = 128 - code  # as the local back end: a negative exit code names a signal
         return CommandOutcome(exit_code=code)
@@ -329,6 +337,11 @@ class DockerCommand(CommandBackend):
                 # Whatever output was on its way has had a second to arrive.
                 return "exited"
         return "timeout"
+
+    async def _ended(self, container: Any) -> bool:
+        """Whether the container stopped (the engine may say so a moment after the exec)."""
+        await self._settle(container)
+        return not await self._docker.reload(container) or container.status != "running"
 
     async def _settle(self, container: Any) -> None:
         """After a block killed by SIGKILL under gVisor: was it the sandbox that ended? The
