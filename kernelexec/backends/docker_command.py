@@ -124,6 +124,10 @@ exit 1
 """
 
 
+class _ContainerEnded(Exception):
+    """The block's exec could not start: its container had stopped."""
+
+
 _ENDED_NOTE = (
     b"\nkernelexec: the container stopped while the block ran (its PID 1 was killed, or its "
     b"sandbox ended); the next block runs in a new one.\n"
@@ -206,7 +210,19 @@ class DockerCommand(CommandBackend):
         if note is not None:
             on_stderr(f"kernelexec: {note}\n".encode())
         try:
-            return await self._exec(container, argv, work_dir, env, timeout, on_stdout, on_stderr)
+            try:
+                return await self._exec(
+                    container, argv, work_dir, env, timeout, on_stdout, on_stderr
+                )
+            except _ContainerEnded:
+                # It stopped between the check above and the exec (under gVisor a sandbox ended
+                # by the block before may take a moment to go): once more, in a new container.
+                container, note = await self._container_for_block()
+                if note is not None:
+                    on_stderr(f"kernelexec: {note}\n".encode())
+                return await self._exec(
+                    container, argv, work_dir, env, timeout, on_stdout, on_stderr
+                )
         finally:
             if self.fresh_container:
                 await self._docker.remove(container)
@@ -274,9 +290,14 @@ class DockerCommand(CommandBackend):
         # The executor hands over only its own variables (inherits_host_env is False).
         status = Path(*_STATUS_DIR, f"signal-{uuid.uuid4().hex[:12]}")
         wrapped = ["python3", "-I", "-S", "-c", _WRAPPER, f"{WORKSPACE}/{status}", *argv]
-        exec_id, sock = await self._docker.exec_stream(
-            container, wrapped, {**env, **self._memory_env()}
-        )
+        try:
+            exec_id, sock = await self._docker.exec_stream(
+                container, wrapped, {**env, **self._memory_env()}
+            )
+        except DockerUnavailable:
+            if not self.options.shares_host_kernel and await self._ended(container):
+                raise _ContainerEnded from None  # nothing of the block ran
+            raise
         loop = asyncio.get_running_loop()
         sinks = _Sinks(on_stdout, on_stderr)
         reader = asyncio.ensure_future(asyncio.to_thread(_pump, sock, loop, sinks))
