@@ -206,9 +206,7 @@ class DockerCommand(CommandBackend):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
-        container, note = await self._container_for_block()
-        if note is not None:
-            on_stderr(f"kernelexec: {note}\n".encode())
+        container = await self._block_container(on_stderr)
         try:
             try:
                 return await self._exec(
@@ -217,9 +215,7 @@ class DockerCommand(CommandBackend):
             except _ContainerEnded:
                 # It stopped between the check above and the exec (under gVisor a sandbox ended
                 # by the block before may take a moment to go): once more, in a new container.
-                container, note = await self._container_for_block()
-                if note is not None:
-                    on_stderr(f"kernelexec: {note}\n".encode())
+                container = await self._block_container(on_stderr)
                 return await self._exec(
                     container, argv, work_dir, env, timeout, on_stdout, on_stderr
                 )
@@ -276,6 +272,13 @@ class DockerCommand(CommandBackend):
             container,
             f"the container {old} {how}; this block runs in a new one, {container.short_id}.",
         )
+
+    async def _block_container(self, on_stderr: ByteSink) -> Any:
+        """The container for a block; a note on stderr when it is a new one."""
+        container, note = await self._container_for_block()
+        if note is not None:
+            on_stderr(f"kernelexec: {note}\n".encode())
+        return container
 
     async def _exec(
         self,
