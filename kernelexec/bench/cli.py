@@ -53,6 +53,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--json", action="store_true", help="print the JSON instead of tables")
     bench.add_argument("--sessions", type=int, help="sessions per row (default 3, quick 1)")
     bench.add_argument("--rows", type=int, help="analysis CSV rows (default 1,000,000)")
+    bench.add_argument(
+        "--hold",
+        type=int,
+        metavar="N",
+        help="fork kernels held open at once after the rows, each answering a block "
+        "(default 200, quick 10; 0: skip)",
+    )
     bench.add_argument("--image", default=DEFAULT_IMAGE, help="image for the Docker rows")
     bench.add_argument("--timeout", type=float, default=300.0, help="seconds per block")
     bench.add_argument("--no-floors", action="store_true", help="do not add the floor rows")
@@ -91,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         quick=args.quick,
         sessions=args.sessions,
         rows=args.rows,
+        hold=args.hold,
         with_floors=not args.no_floors,
         memory=not args.no_memory,
         image=args.image,

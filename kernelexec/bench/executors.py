@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BackendUnavailable
+from .memory import pss_bytes, uss_bytes
 from .names import DEFAULT_IMAGE as DEFAULT_IMAGE
 from .names import EXECUTOR_NAMES as EXECUTOR_NAMES
 from .names import GROUPS as GROUPS
@@ -235,6 +236,44 @@ def _fork_server(ctx: BenchContext) -> Iterator[None]:
         yield None
     finally:
         stop_fork_servers()
+
+
+def hold_fork_kernels(ctx: BenchContext, count: int, root: Path) -> dict[str, Any]:
+    """``count`` fork kernels held open at once, each answering a block that uses its own
+    state, then asked again once all are up; their summed memory read while all are idle."""
+    from .. import make_executor
+
+    held: list[Any] = []
+    figures: dict[str, Any] = {"sessions": count, "answered": 0}
+    started = time.perf_counter()
+    try:
+        for i in range(count):
+            ex = make_executor(
+                "fork-kernel", work_dir=root / f"held{i}", timeout=ctx.timeout, **_warm_up(ctx)
+            )
+            held.append(ex)
+            ex.execute(f"n = {i}")
+        figures["answered"] = sum(
+            ex.execute("n + 1").output == str(i + 1) for i, ex in enumerate(held)
+        )
+        figures["seconds_to_hold_all"] = time.perf_counter() - started
+        figures.update(_held_memory([ex.backend.pid for ex in held]))
+    except Exception as exc:  # reported in the targets table: how far it got, and why
+        figures["error"] = f"after {len(held)} kernels: {type(exc).__name__}: {exc}"[:500]
+    finally:
+        for ex in held:
+            ex.close()
+    return figures
+
+
+def _held_memory(pids: list[int]) -> dict[str, float]:
+    uss = [uss_bytes(p) or 0 for p in pids]
+    pss = [pss_bytes(p) or 0 for p in pids]
+    return {
+        "total_uss_mib": sum(uss) / 2**20,
+        "total_pss_mib": sum(pss) / 2**20,
+        "uss_per_session_mib": sum(uss) / 2**20 / max(1, len(pids)),
+    }
 
 
 def _open_pool(ctx: BenchContext, work: Path, shared: Any) -> Session:

@@ -64,16 +64,61 @@ def uss_bytes(pid: int) -> int | None:
     """Memory only this process holds (USS: its private clean and dirty pages, from
     ``smaps_rollup``); pages a forked kernel still shares with its server are not counted.
     None when it cannot be read (gone, or a kernel before Linux 4.14)."""
+    return _rollup(pid, ("Private_Clean", "Private_Dirty"))
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size: private pages plus this process's share of shared ones (so the
+    sum over a server's forked kernels is what they take of the machine together)."""
+    return _rollup(pid, ("Pss",))
+
+
+def _rollup(pid: int, fields: tuple[str, ...]) -> int | None:
     total = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
             for line in f:
                 name, _, rest = line.partition(":")
-                if name in ("Private_Clean", "Private_Dirty"):
+                if name in fields:
                     total += int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return total
+
+
+def _own_status_kib(key: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0])
+    return None
+
+
+class OwnPeakGrowth:
+    """How much the bench process's own peak RSS rose over a block (the host side's memory
+    while a kernel floods it with output): the peak is reset through ``/proc/self/clear_refs``
+    first. ``grew`` stays None where that cannot be done."""
+
+    def __init__(self) -> None:
+        self.grew: int | None = None
+        self._base: int | None = None
+
+    def __enter__(self) -> OwnPeakGrowth:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS
+        except OSError:
+            return self
+        self._base = _own_status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        peak = _own_status_kib("VmHWM")
+        if self._base is not None and peak is not None:
+            self.grew = max(0, peak - self._base) * 1024
 
 
 def tree_rss(root: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import DockerOptions
 
 #: the workloads, in table order
-WORKLOAD_NAMES: tuple[str, ...] = ("trivial", "imports", "analysis", "plots")
+WORKLOAD_NAMES: tuple[str, ...] = ("trivial", "imports", "analysis", "plots", "outputs")
 
 #: the executor rows, in table order: floors, kernelexec's executors, the peers
 EXECUTOR_NAMES: tuple[str, ...] = (

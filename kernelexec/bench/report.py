@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .runner import BenchResults, RowResult
+from .runner import HOLD_DEFAULT, BenchResults, RowResult
 from .stats import (
     TargetCheck,
     format_bytes,
@@ -21,7 +21,7 @@ from .stats import (
     percentile,
     ratio,
 )
-from .workloads import DEFAULT_ROWS
+from .workloads import DEFAULT_ROWS, OUTPUT_DISPLAYS, OUTPUT_STDOUT_MB
 
 JSON_NAME = "results.json"
 MARKDOWN_NAME = "report.md"
@@ -263,6 +263,8 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             threshold=1.5,
         ),
     ]
+    checks += _output_targets(results)
+    checks.append(_held_target(results))
     checks.append(
         TargetCheck.evaluate(
             name="pool acquire",
@@ -273,6 +275,77 @@ def targets(results: BenchResults) -> list[TargetCheck]:
         )
     )
     return checks
+
+
+def _output_targets(results: BenchResults) -> list[TargetCheck]:
+    """Issue 17 part 2, on the local kernel: defined for the full sizes (not --quick)."""
+    full = not results.config.quick
+    note = "" if full else "defined for the full sizes (run without --quick)"
+    return [
+        TargetCheck.evaluate(
+            name="outputs: displays",
+            description=f"{OUTPUT_DISPLAYS:,} small HTML displays collected, kernelexec kernel",
+            value=nth_block_p50(results, "outputs", "kernel", 0),
+            threshold=1.5,
+            unit="s",
+            applicable=full,
+            note=note,
+        ),
+        TargetCheck.evaluate(
+            name="outputs: stdout",
+            description=f"{OUTPUT_STDOUT_MB} MB of stdout collected, kernelexec kernel",
+            value=nth_block_p50(results, "outputs", "kernel", 1),
+            threshold=4.0,
+            unit="s",
+            applicable=full,
+            note=note,
+        ),
+        TargetCheck.evaluate(
+            name="outputs: host memory",
+            description=f"the bench's own peak RSS growth over the {OUTPUT_STDOUT_MB} MB of stdout",
+            value=workload_metric_p50(results, "outputs", "kernel", "host_growth_mib_block2"),
+            threshold=100.0,
+            unit="MiB",
+            applicable=full,
+            note=note,
+        ),
+    ]
+
+
+def _held_target(results: BenchResults) -> TargetCheck:
+    """Issue 17: 200 idle fork kernels at once, each answering; memory in the note."""
+    held = results.held or {}
+    target = HOLD_DEFAULT
+    note = ""
+    if held.get("error"):
+        note = str(held["error"])
+    elif "total_uss_mib" in held:
+        note = (
+            f"{held['sessions']} held in {held['seconds_to_hold_all']:.1f} s; total USS "
+            f"{held['total_uss_mib']:.0f} MiB ({held['uss_per_session_mib']:.1f} MiB each), "
+            f"PSS {held['total_pss_mib']:.0f} MiB"
+        )
+    if held and held.get("sessions", 0) < target:
+        note = (note + "; " if note else "") + f"defined for {target} (run without --quick)"
+    return TargetCheck.evaluate(
+        name="fork kernels held at once",
+        description=f"idle fork kernels open together, each answering a block ({target} asked)",
+        value=float(held["answered"]) if held else None,
+        threshold=float(target),
+        higher_is_better=True,
+        applicable=bool(held) and held.get("sessions", 0) >= target,
+        note=note,
+        unit="n",
+    )
+
+
+def nth_block_p50(results: BenchResults, workload: str, executor: str, n: int) -> float | None:
+    """The n-th block after the start probe (0-based), over a row's sessions."""
+    row = results.row(workload, executor)
+    if not _ok(row) or row is None:
+        return None
+    values = [s.block_s[n] for s in row.sessions if len(s.block_s) > n and s.error is None]
+    return percentile(values, 50) if values else None
 
 
 def workload_metric_p50(
@@ -288,11 +361,7 @@ def workload_metric_p50(
 
 def first_block_p50(results: BenchResults, workload: str, executor: str) -> float | None:
     """The first block after the start probe, over a row's sessions."""
-    row = results.row(workload, executor)
-    if not _ok(row) or row is None:
-        return None
-    values = [s.block_s[0] for s in row.sessions if s.block_s and s.error is None]
-    return percentile(values, 50) if values else None
+    return nth_block_p50(results, workload, executor, 0)
 
 
 def metric_p50(results: BenchResults, executor: str, metric: str) -> float | None:
@@ -325,6 +394,7 @@ def to_json(results: BenchResults) -> dict[str, Any]:
         "floor_ratios": floor_ratios(results),
         "containment": containment(results),
         "speedups": speedups(results),
+        "held": results.held,
         "targets": [t.to_dict() for t in targets(results)],
     }
 

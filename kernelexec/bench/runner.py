@@ -27,16 +27,19 @@ from .. import __version__
 from .executors import (
     BenchContext,
     ExecutorSpec,
+    hold_fork_kernels,
     missing_modules,
     select_specs,
 )
-from .memory import PeakSampler, descendants
+from .memory import OwnPeakGrowth, PeakSampler, descendants
 from .names import DEFAULT_IMAGE, WORKLOAD_NAMES
 from .sessions import Session
 from .stats import Summary, summarize
 from .workloads import Block, Workload, build_workloads, generate_csv, place_data
 
 PROBE = "print(1)"  # the first block of every session: start to first result
+HOLD_DEFAULT = 200  # idle fork kernels held at once (issue 17's target)
+HOLD_QUICK = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,12 +54,19 @@ class BenchConfig:
     image: str = DEFAULT_IMAGE
     timeout: float = 300.0
     python: str | None = None
+    hold: int | None = None  # fork kernels held at once at the end; None: 10 quick, 200 else
 
     @property
     def repeats(self) -> int:
         if self.sessions is not None:
             return max(1, self.sessions)
         return 1 if self.quick else 3
+
+    @property
+    def hold_count(self) -> int:
+        if self.hold is not None:
+            return max(0, self.hold)
+        return HOLD_QUICK if self.quick else HOLD_DEFAULT
 
 
 @dataclass(kw_only=True)
@@ -128,6 +138,7 @@ class BenchResults:
     interrupted: bool = False
     data_rows: int | None = None
     machine: dict[str, Any] = field(default_factory=dict)
+    held: dict[str, Any] | None = None  # the fork kernels held at once (hold_fork_kernels)
 
     def row(self, workload: str, executor: str) -> RowResult | None:
         for r in self.rows:
@@ -235,6 +246,8 @@ def _plan(
             results.rows.append(row)
             if s.workloads is not None and w.name not in s.workloads:
                 row.status, row.reason = "skipped", f"{s.name} runs only {', '.join(s.workloads)}"
+            elif w.only is not None and s.name not in w.only:
+                row.status, row.reason = "skipped", f"{w.name} runs only on {', '.join(w.only)}"
             elif reasons[s.name] is not None:
                 row.status, row.reason = "unavailable", str(reasons[s.name])
             elif not s.docker and missing[(python := _python(s, ctx)), w.name]:
@@ -263,6 +276,7 @@ def _run_plan(
         with contextlib.ExitStack() as shared:
             run = _Run(ctx=ctx, config=config, scratch=scratch, stop=stop, shared=shared)
             _run_cells(cells, results, run, on_progress, on_update)
+            _hold(cells, results, run, on_progress)
     except KeyboardInterrupt:  # a second Ctrl-C: the open session was closed on the way out
         results.interrupted = True
 
@@ -331,6 +345,25 @@ def _run_cells(
         on_progress("done", done, planned)
 
 
+def _hold(
+    cells: list[_Cell], results: BenchResults, run: _Run, on_progress: ProgressHook | None
+) -> None:
+    """The fork kernels held at once, on the row's own server, when the fork row ran."""
+    count = run.config.hold_count
+    fork = next((c.spec for c in cells if c.spec.name == "fork-kernel"), None)
+    if fork is None or count == 0 or results.interrupted or run.stop.requested.is_set():
+        return
+    if on_progress:
+        on_progress(f"holding {count} fork kernels at once", 0, 0)
+    try:
+        run.resource(fork)
+    except Exception as exc:
+        results.held = {"sessions": count, "answered": 0, "error": f"{type(exc).__name__}: {exc}"}
+        return
+    root = Path(tempfile.mkdtemp(prefix="held-", dir=run.scratch))
+    results.held = hold_fork_kernels(run.ctx, count, root)
+
+
 def _run_session(cell: _Cell, run: _Run) -> SessionRecord:
     ctx, spec = run.ctx, cell.spec
     work = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=run.scratch))
@@ -366,7 +399,7 @@ def _run_session(cell: _Cell, run: _Run) -> SessionRecord:
         record.peak_rss = sampler.peak
         record.peak_processes = sampler.peak_detail
     if session is not None:
-        record.metrics = session.metrics()
+        record.metrics.update(session.metrics())
         session.settle()
     _remove(work)
     return record
@@ -380,9 +413,12 @@ def _run_blocks(
             record.interrupted = True
             return
         code = block.render(session.data_path(work))
-        t = time.perf_counter()
-        outcome = session.run(code, run.ctx.timeout)
-        record.block_s.append(time.perf_counter() - t)
+        with OwnPeakGrowth() if block.host_memory else contextlib.nullcontext() as growth:
+            t = time.perf_counter()
+            outcome = session.run(code, run.ctx.timeout)
+            record.block_s.append(time.perf_counter() - t)
+        if growth is not None and growth.grew is not None:
+            record.metrics[f"host_growth_mib_block{i + 1}"] = growth.grew / 2**20
         _check(outcome, block.expect, f"block {i + 1}")
 
 

@@ -99,7 +99,7 @@ class TargetCheck:
     higher_is_better: bool
     met: bool | None
     note: str = ""
-    unit: str = "x"  # "x": a ratio; "s": seconds; "MiB": memory
+    unit: str = "x"  # "x": a ratio; "s": seconds; "MiB": memory; "n": a count
 
     @classmethod
     def evaluate(
@@ -139,6 +139,8 @@ class TargetCheck:
     def format(self, value: float | None) -> str:
         if self.unit == "MiB":
             return "-" if value is None else f"{value:.1f} MiB"
+        if self.unit == "n":
+            return "-" if value is None else f"{value:.0f}"
         return format_seconds(value) if self.unit == "s" else format_ratio(value)
 
     @property

@@ -29,6 +29,7 @@ class Block:
 
     code: str
     expect: str | None = None
+    host_memory: bool = False  # also measure how much the bench's own peak RSS grew
 
     def render(self, data: str) -> str:
         return self.code.replace("{data}", data)
@@ -42,6 +43,7 @@ class Workload:
     stateful: tuple[Block, ...]
     needs: tuple[str, ...] = ()  # modules the executing interpreter must have
     data_rows: int = 0  # > 0: the blocks read a generated CSV of this many rows
+    only: tuple[str, ...] | None = None  # the executor rows it runs on (None: every row)
 
     def blocks(self, stateful: bool) -> tuple[Block, ...]:
         return self.stateful if stateful else self.stateless
@@ -150,6 +152,41 @@ def analysis(quick: bool, rows: int | None = None) -> Workload:
     )
 
 
+# Outputs at wire speed (issue 17): many small rich outputs, then a flood of stdout. The last
+# line is printed after the flood, so seeing it proves the block's end was collected too.
+OUTPUT_DISPLAYS = 10_000
+OUTPUT_STDOUT_MB = 100
+OUTPUT_ROWS = ("jupyter-client", "kernel", "fork-kernel")
+
+
+def outputs(quick: bool) -> Workload:
+    displays = OUTPUT_DISPLAYS // 10 if quick else OUTPUT_DISPLAYS
+    megabytes = OUTPUT_STDOUT_MB // 10 if quick else OUTPUT_STDOUT_MB
+    show = (
+        "from IPython.display import HTML, display\n"
+        f"for i in range({displays}):\n    display(HTML(f'<b>{{i}}</b>'))\n"
+        f"print('shown', {displays})"
+    )
+    flood = (
+        "import sys\nchunk = ('x' * 99 + '\\n') * 10_000\n"
+        f"for _ in range({megabytes}):\n    sys.stdout.write(chunk)\n"
+        f"print('wrote', {megabytes}, 'MB')"
+    )
+    blocks = (
+        Block(code=show, expect=f"shown {displays}"),
+        Block(code=flood, expect=f"wrote {megabytes} MB", host_memory=True),
+    )
+    return Workload(
+        name="outputs",
+        description=f"{displays:,} small HTML displays, then {megabytes} MB of stdout "
+        "(collecting outputs: kernels only)",
+        stateless=blocks,
+        stateful=blocks,
+        needs=("IPython",),
+        only=OUTPUT_ROWS,
+    )
+
+
 _PLOT = (
     "import matplotlib.pyplot as plt\nimport numpy as np\n"
     "x = np.linspace(0, 10, 500)\nfig, ax = plt.subplots()\n"
@@ -194,7 +231,7 @@ def build_workloads(
         raise ValueError(
             f"unknown workload(s): {', '.join(unknown)} (valid: {', '.join(WORKLOAD_NAMES)})"
         )
-    makers = {"trivial": trivial, "imports": imports, "plots": plots}
+    makers = {"trivial": trivial, "imports": imports, "plots": plots, "outputs": outputs}
     return [analysis(quick, rows) if name == "analysis" else makers[name](quick) for name in names]
 
 

@@ -86,6 +86,13 @@ def test_quick_run_measures_both_executors_and_their_floors(
                 # quick trivial block often does, so stateless rows may honestly read 0.
                 assert session["peak_rss"] > 0, "memory sampling saw no kernel"
     assert rows[("analysis", "kernel")]["block"]["n"] == 10
+    # The outputs workload ran on the two kernels only, the flood's end collected by both.
+    for executor in ROWS:
+        status = rows[("outputs", executor)]["status"]
+        assert status == ("ok" if executor in STATEFUL else "skipped"), (executor, status)
+    (flood,) = rows[("outputs", "kernel")]["sessions"]
+    assert len(flood["block_s"]) == 2 and flood["metrics"]["host_growth_mib_block2"] >= 0
+    assert data["held"] is None  # no fork kernel row: nothing held
     ratios = {(r["workload"], r["executor"]): r for r in data["floor_ratios"]}
     assert ratios[("trivial", "kernel")]["floor"] == "jupyter-client"
     assert ratios[("trivial", "kernel")]["block_p50"] > 0
@@ -97,6 +104,8 @@ def test_quick_run_measures_both_executors_and_their_floors(
     assert targets["kernel round trip"]["verdict"] in ("met", "NOT met")
     # --quick is not the size the analysis target is defined for: it must not claim a verdict.
     assert targets["analysis speed-up"]["verdict"] == "n/a"
+    assert targets["outputs: displays"]["value"] > 0
+    assert targets["outputs: displays"]["verdict"] == "n/a"
 
 
 @pytest.mark.slow
@@ -111,6 +120,28 @@ def test_quick_run_writes_markdown_and_charts(quick_run: tuple[Path, dict[str, A
     for name in ("bars.png", "latency.png"):
         pixels = mpimg.imread(out / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fork_kernels_are_held_at_once_and_all_answer(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        _bench(
+            *("--quick", "--workloads", "trivial", "--executors", "fork-kernel"),
+            *("--no-floors", "--hold", "4", "--out", str(tmp_path)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    held = data["held"]
+    assert held["sessions"] == held["answered"] == 4 and "error" not in held
+    assert held["total_pss_mib"] >= held["total_uss_mib"] > 4  # each kernel's own pages count
+    (check,) = [t for t in data["targets"] if t["name"] == "fork kernels held at once"]
+    assert check["value"] == 4 and check["verdict"] == "n/a"  # the target is defined for 200
+    assert "fork kernels held at once" in proc.stdout
 
 
 def _start_time(pid: int) -> str | None:

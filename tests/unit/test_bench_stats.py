@@ -505,3 +505,110 @@ def test_fork_kernel_memory_and_first_dataframe_targets(results: BenchResults) -
     assert first.value == pytest.approx(0.04) and first.met is True
     below = checks["kernel round trip below the floor"]
     assert below.value == pytest.approx(1.5) and below.met is False
+
+
+# -- outputs and held kernels (issue 17 parts 1 and 2) --------------------------------------------
+
+
+def _outputs_row(displays: float, stdout: float, growth: float) -> RowResult:
+    row = _row("outputs", "kernel", [displays, stdout], startup=0.7, stateful=True)
+    row.sessions[0].metrics = {"host_growth_mib_block2": growth}
+    return row
+
+
+def test_output_targets_read_their_own_block_and_the_hosts_growth(results: BenchResults) -> None:
+    results.rows.append(_outputs_row(2.7, 1.0, 130.0))
+    checks = {t.name: t for t in report.targets(results)}
+    assert checks["outputs: displays"].value == pytest.approx(2.7)
+    assert checks["outputs: displays"].met is False
+    assert checks["outputs: stdout"].value == pytest.approx(1.0)
+    assert checks["outputs: stdout"].met is True
+    assert checks["outputs: host memory"].value == pytest.approx(130.0)
+    assert checks["outputs: host memory"].met is False
+
+
+def test_output_targets_claim_no_verdict_at_the_quick_sizes(results: BenchResults) -> None:
+    quick = BenchResults(config=BenchConfig(quick=True), rows=[_outputs_row(0.3, 0.1, 2.0)])
+    checks = {t.name: t for t in report.targets(quick)}
+    for name in ("outputs: displays", "outputs: stdout", "outputs: host memory"):
+        assert checks[name].value is not None and checks[name].met is None
+        assert "full sizes" in checks[name].note
+
+
+def test_the_outputs_workload_runs_only_on_kernels() -> None:
+    (quick,) = workloads.build_workloads(["outputs"], quick=True)
+    (full,) = workloads.build_workloads(["outputs"], quick=False)
+    assert quick.only == full.only == ("jupyter-client", "kernel", "fork-kernel")
+    assert "range(10000)" in full.stateful[0].code and "range(100)" in full.stateful[1].code
+    assert [b.host_memory for b in full.stateful] == [False, True]
+    assert full.stateful[1].expect == "wrote 100 MB"
+    from kernelexec.bench.executors import BenchContext
+    from kernelexec.bench.runner import _plan
+
+    out = BenchResults(config=BenchConfig())
+    specs = executors.select_specs(["command", "kernel"], with_floors=False)
+    cells = _plan(out, [quick], specs, BenchContext())
+    assert [c.spec.name for c in cells] == ["kernel"]
+    (skipped,) = [r for r in out.rows if r.executor == "command"]
+    assert skipped.status == "skipped" and "outputs runs only on" in skipped.reason
+
+
+@pytest.mark.parametrize(
+    ("held", "verdict", "note"),
+    [
+        (
+            {
+                "sessions": 200,
+                "answered": 200,
+                "seconds_to_hold_all": 20.0,
+                "total_uss_mib": 2900.0,
+                "total_pss_mib": 3000.0,
+                "uss_per_session_mib": 14.5,
+            },
+            "met",
+            "total USS 2900 MiB (14.5 MiB each), PSS 3000 MiB",
+        ),
+        (
+            {"sessions": 200, "answered": 0, "error": "after 150 kernels: OSError: too many"},
+            "NOT met",
+            "after 150 kernels",
+        ),
+        (
+            {
+                "sessions": 10,
+                "answered": 10,
+                "seconds_to_hold_all": 1.0,
+                "total_uss_mib": 150.0,
+                "total_pss_mib": 200.0,
+                "uss_per_session_mib": 15.0,
+            },
+            "n/a",
+            "defined for 200",
+        ),
+        (None, "n/a", "not measured"),
+    ],
+)
+def test_held_kernels_target(
+    results: BenchResults, held: dict[str, Any] | None, verdict: str, note: str
+) -> None:
+    results.held = held
+    check = next(t for t in report.targets(results) if t.name == "fork kernels held at once")
+    assert check.verdict == verdict and note in check.note
+    assert report.to_json(results)["held"] == held
+
+
+def test_hold_count_defaults() -> None:
+    assert BenchConfig().hold_count == 200
+    assert BenchConfig(quick=True).hold_count == 10
+    assert BenchConfig(quick=True, hold=0).hold_count == 0
+    assert BenchConfig(hold=-3).hold_count == 0
+
+
+def test_own_peak_growth_sees_memory_the_block_allocated() -> None:
+    from kernelexec.bench.memory import OwnPeakGrowth
+
+    with OwnPeakGrowth() as growth:
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page
+        del block
+    assert growth.grew is not None and growth.grew >= 60 * 2**20
