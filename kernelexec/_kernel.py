@@ -108,15 +108,154 @@ def _kx_setup():
 
         def handle_event(self, msg):
             self._kx_pending = False
-            for _ in range(len(events)):
-                events.popleft()()
+            self._kx_running = True  # what it takes is sent before it reads False again
+            try:
+                for _ in range(len(events)):
+                    events.popleft()()
+            finally:
+                self._kx_running = False
 
         def install():  # in the iopub thread: its new handler first, then the senders' side
             puller.on_recv(types.MethodType(handle_event, thread))
             thread.schedule = types.MethodType(schedule, thread)
+            thread._kx_ready = True
 
-        thread._kx_pending = False
+        thread._kx_pending = thread._kx_running = False
         thread.schedule(install)
+
+    def quiet(thread, stream):
+        # True when nothing this stream holds, and nothing queued before now, is still on
+        # its way to the iopub socket: a flush would only wait for a thread round trip.
+        # Checked in this order (text, then the sender), so text taken after the check
+        # is seen as being sent.
+        return (
+            getattr(thread, "_kx_ready", False)
+            and not stream._buffers
+            and not stream._kx_sending
+            and not thread._events
+            and not thread._kx_running
+            and not thread._kx_pending
+        )
+
+    def own_reader(stream, thread):
+        # ipykernel moves what is written to fd 1 / fd 2 (C code, subprocesses) into the stream
+        # from a thread of its own, so a flush cannot know whether such text is still on its
+        # way and a line printed just before a block ends could miss it. Here a new pipe takes
+        # the fd, read by a thread that holds a lock while it moves text into the stream; a
+        # flush takes the lock and empties the pipe first. ipykernel's pipe is closed on the
+        # writing side, so its thread reads what was left and ends.
+        import codecs, fcntl, select, stat, threading
+
+        fd = getattr(stream, "_original_stdstream_fd", None)
+        copy = getattr(stream, "_original_stdstream_copy", None)
+        if getattr(stream, "_fid", None) is None or fd is None or copy is None:
+            return
+        old = os.fstat(fd)
+        left = []
+        for name in os.listdir("/proc/self/fd"):
+            n = int(name)
+            try:
+                st = os.fstat(n)
+                writes = fcntl.fcntl(n, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+            except OSError:
+                continue
+            if n != fd and stat.S_ISFIFO(st.st_mode) and writes and (st.st_ino, st.st_dev) == (old.st_ino, old.st_dev):
+                left.append(n)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        lock = threading.RLock()
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+
+        def take():  # with the lock held: the bytes read, or None when the pipe is empty
+            try:
+                data = os.read(r, 65536)
+            except BlockingIOError:
+                return None
+            text = decode(data) if data else ""
+            if text and stream._should_watch:
+                stream.write(text)
+            return data
+
+        def echo(data):
+            try:
+                os.write(copy, data)
+            except OSError:
+                pass
+
+        def drain():
+            taken = []
+            with lock:
+                while (data := take()):
+                    taken.append(data)
+            for data in taken:
+                echo(data)
+
+        def watch():
+            while stream._should_watch:
+                try:
+                    select.select([r], [], [])
+                except (OSError, ValueError):
+                    return
+                with lock:
+                    data = take()
+                if data == b"" or not stream._should_watch:
+                    return  # the pipe closed, or ipykernel is closing the stream
+                if data:
+                    echo(data)
+
+        stream._kx_drain = drain
+        os.dup2(w, fd)
+        os.close(w)
+        for n in left:
+            os.close(n)
+        stream._fid = r
+        stream.watch_fd_thread = threading.Thread(target=watch, name="kernelexec-" + stream.name, daemon=True)
+        stream.watch_fd_thread.start()
+
+    def quick_flush(stream, thread):
+        # A flush from the kernel's own thread waits for a round trip through the iopub thread,
+        # four per request (before the reply and before idle, stdout and stderr): that wait is
+        # skipped when nothing is on its way (see quiet), after text still in the fd pipe has
+        # been moved into the stream. With text to send, ipykernel's flush runs as before.
+        import threading
+
+        from ipykernel.kernelbase import Kernel
+
+        slow, send = stream.flush, stream._flush
+        if getattr(slow, "_kx_quick", False):
+            return
+        own = set()
+        for name in ("execute_request", "dispatch_shell"):
+            code = getattr(getattr(Kernel, name, None), "__code__", None)
+            if code is not None:
+                own.add(code)
+        stream._kx_sending = False
+
+        def sending():
+            stream._kx_sending = True
+            try:
+                return send()
+            finally:
+                stream._kx_sending = False
+
+        def flush():
+            if threading.current_thread() is not thread.thread:
+                getattr(stream, "_kx_drain", lambda: None)()
+                if quiet(thread, stream):
+                    return
+                if sys._getframe(1).f_code in own and not stream._kx_sending and not stream._hooks:
+                    # ipykernel's own flush after a request, with the iopub thread not sending
+                    # this stream: the text is taken and its message queued here, ahead of the
+                    # idle status (one queue, sent in order), instead of waiting for that thread
+                    # to take it. (Scheduling the flush for that thread would let the idle status
+                    # overtake the text: the thread queues the message it builds behind it.)
+                    stream._flush()
+                    return
+            return slow()
+
+        flush._kx_quick = True
+        stream._flush = sending
+        stream.flush = flush
 
     try:
         import zmq
@@ -130,6 +269,13 @@ def _kx_setup():
             if hasattr(app.kernel, "_execute_sleep"):
                 app.kernel._execute_sleep = 0
             coalesce_wakes(thread)
+            for stream in (sys.stdout, sys.stderr):
+                if type(stream).__name__ == "OutStream" and stream.pub_thread is thread:
+                    try:
+                        own_reader(stream, thread)
+                    except Exception:
+                        continue  # ipykernel's reader stays, and so does its flush
+                    quick_flush(stream, thread)
     except Exception:
         pass
 
@@ -168,6 +314,8 @@ def _kx_setup():
 
         def flush_streams():
             for stream in (sys.stdout, sys.stderr):
+                # Waited for when text is waiting: ipykernel takes a stream's text when its
+                # thread sends it, and text printed after the display must not go with it.
                 if getattr(stream, "_buffers", True):  # not an OutStream, or text is waiting
                     stream.flush()
 

@@ -5,6 +5,7 @@ pending, lose and reorder nothing, from many threads at once and after a flood."
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -166,3 +167,119 @@ def test_after_a_flood_the_next_output_still_comes(ex: SyncExecutor[Any]) -> Non
         "import threading\nt = threading.Thread(target=print, args=('late',))\nt.start(); t.join()"
     )
     assert late.output == "late\n"
+
+
+def test_the_fd_readers_are_kernelexecs_and_ipykernels_have_ended(ex: SyncExecutor[Any]) -> None:
+    out = run(
+        ex,
+        """
+        import sys, threading
+        names = sorted(t.name for t in threading.enumerate())
+        ours = [n for n in names if n.startswith("kernelexec-std")]
+        theirs = [t for t in threading.enumerate() if getattr(t, "_target", None) is not None
+                  and getattr(t._target, "__name__", "") == "_watch_pipe_fd"]
+        print(ours, len(theirs), sys.stdout.flush._kx_quick, sys.stderr.flush._kx_quick)
+        """,
+    )
+    assert out == "['kernelexec-stderr', 'kernelexec-stdout'] 0 True True"
+
+
+def test_text_written_to_the_fds_just_before_a_block_ends_is_never_missed(
+    ex: SyncExecutor[Any],
+) -> None:
+    """Written under the language's own print (fd 1 and fd 2 directly, as C code and child
+    processes do) as the very last thing a block does, many times over: each block's result
+    has its own line. ipykernel's reader thread alone could deliver it after the block ended."""
+    for i in range(150):
+        result = ex.execute(f"import os\nos.write(2, b'err {i}\\n')\nos.write(1, b'out {i}\\n')")
+        assert result.ok
+        assert result.stdout == f"out {i}\n", (i, result.stdout, result.stderr)
+        assert result.stderr == f"err {i}\n", (i, result.stdout, result.stderr)
+
+
+def test_fd_text_from_a_child_process_and_a_split_character_arrive_whole(
+    ex: SyncExecutor[Any],
+) -> None:
+    result = ex.execute(
+        "import os, subprocess\n"
+        "subprocess.run(['echo', 'from a child'])\n"
+        "e = 'é'.encode()\n"
+        "os.write(1, b'split ' + e[:1])\n"
+        "os.write(1, e[1:] + b' done\\n')\n"
+    )
+    assert result.ok
+    assert result.stdout == "from a child\nsplit é done\n", repr(result.stdout)
+
+
+def test_a_large_fd_write_arrives_counted_and_the_kernel_answers_after(
+    ex: SyncExecutor[Any],
+) -> None:
+    """Ten megabytes written to fd 1 at once: bigger than the pipe, so the write waits on the
+    reader while the reader sends bounded pieces; every character is kept or counted."""
+    result = ex.execute("import os\nos.write(1, b'y' * 10_000_000)\nos.write(1, b'\\nend\\n')")
+    assert result.ok, result.output
+    kept = result.stdout.count("y")
+    marker = re.search(r"\[\.\.\. (\d+) characters omitted", result.stdout)
+    assert kept + (int(marker[1]) if marker else 0) == 10_000_000
+    assert result.stdout.endswith("\nend\n")
+    assert run(ex, "print('still here')") == "still here"
+
+
+def test_a_flush_with_nothing_to_send_returns_and_one_with_text_still_sends(
+    ex: SyncExecutor[Any],
+) -> None:
+    out = run(
+        ex,
+        """
+        import sys, time
+        t = time.perf_counter()
+        for _ in range(200):
+            sys.stdout.flush()
+        quiet = time.perf_counter() - t
+        print("with text")
+        sys.stdout.flush()
+        print(sys.stdout._buffers == {}, quiet < 5)
+        """,
+    )
+    assert out == "with text\nTrue True"
+
+
+def test_a_flush_first_moves_what_waits_in_the_fd_pipe_into_the_stream(
+    ex: SyncExecutor[Any],
+) -> None:
+    """The mechanism itself: right after a write to fd 1, before the reader thread has had a
+    turn, draining puts the text in the stream's buffer (so the flush that follows sends it).
+    The iopub thread is parked meanwhile, so no timed flush takes the text first; each text is
+    taken out of the buffer again, so none of it is sent."""
+    out = run(
+        ex,
+        """
+        import os, sys, threading
+        from ipykernel.kernelapp import IPKernelApp
+        thread = IPKernelApp.instance().iopub_thread
+        sys.stdout.flush()
+        gate, parked = threading.Event(), threading.Event()
+        thread.schedule(lambda: (parked.set(), gate.wait(30)))
+        parked.wait(30)
+        seen = 0
+        try:
+            for i in range(50):
+                os.write(1, b"drained %d|" % i)
+                sys.stdout._kx_drain()
+                held = "".join(b.getvalue() for b in sys.stdout._rotate_buffers().values())
+                seen += f"drained {i}|" in held
+        finally:
+            gate.set()
+        print(seen)
+        """,
+    )
+    assert out == "50"
+
+
+def test_the_kernels_own_flushes_keep_every_text_ahead_of_idle(ex: SyncExecutor[Any]) -> None:
+    """ipykernel's flushes after a request do not wait for the iopub thread here: the text is
+    taken and queued on the request's own thread, ahead of the idle status. Queued for the
+    iopub thread to take instead, the idle status overtook it in about half these blocks."""
+    for i in range(200):
+        result = ex.execute(f"import sys\nprint({i})\nprint('e{i}', file=sys.stderr)")
+        assert (result.stdout, result.stderr) == (f"{i}\n", f"e{i}\n"), i
