@@ -150,8 +150,8 @@ def _kx_setup():
         copy = getattr(stream, "_original_stdstream_copy", None)
         if getattr(stream, "_fid", None) is None or fd is None or copy is None:
             return
-        old = os.fstat(fd)
-        left = []
+        pipe = os.fstat(fd)
+        left = []  # ipykernel's own write end of that pipe, kept open beside fd
         for name in os.listdir("/proc/self/fd"):
             n = int(name)
             try:
@@ -159,7 +159,8 @@ def _kx_setup():
                 writes = fcntl.fcntl(n, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
             except OSError:
                 continue
-            if n != fd and stat.S_ISFIFO(st.st_mode) and writes and (st.st_ino, st.st_dev) == (old.st_ino, old.st_dev):
+            same = (st.st_ino, st.st_dev) == (pipe.st_ino, pipe.st_dev)
+            if n != fd and stat.S_ISFIFO(st.st_mode) and writes and same:
                 left.append(n)
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -203,14 +204,15 @@ def _kx_setup():
                 if data:
                     echo(data)
 
-        stream._kx_drain = drain
-        os.dup2(w, fd)
+        reader = threading.Thread(target=watch, name="kernelexec-" + stream.name, daemon=True)
+        os.dup2(w, fd)  # from here on, what is written to fd goes to the new pipe
         os.close(w)
         for n in left:
             os.close(n)
+        stream._kx_drain = drain
         stream._fid = r
-        stream.watch_fd_thread = threading.Thread(target=watch, name="kernelexec-" + stream.name, daemon=True)
-        stream.watch_fd_thread.start()
+        stream.watch_fd_thread = reader  # joined by ipykernel when it closes the stream
+        reader.start()
 
     def quick_flush(stream, thread):
         # A flush from the kernel's own thread waits for a round trip through the iopub thread,
