@@ -11,6 +11,7 @@ same way, except that the ``date`` fields stay ISO strings (kernelexec does not 
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from hmac import compare_digest
 from queue import Empty
@@ -70,8 +71,8 @@ class BatchingClient:
         return msgs
 
     async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = await self.kc.get_shell_msg(timeout=timeout)
-        return msg
+        """The next shell reply: one awaited poll, then read and checked as IOPub is."""
+        return await receive_one(self.kc.session, self.kc.shell_channel.socket, timeout)
 
     async def get_stdin_msg(self, timeout: float | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = await self.kc.get_stdin_msg(timeout=timeout)
@@ -92,6 +93,32 @@ async def iopub_batch(client: Any, timeout: float | None) -> list[dict[str, Any]
     return [await client.get_iopub_msg(timeout=timeout)]
 
 
+def _sync(socket: Any) -> zmq.Socket[bytes]:
+    """The same libzmq socket, read synchronously: no future and no loop turn per message."""
+    sync = _shadows.get(socket)
+    if sync is None:
+        sync = _shadows[socket] = zmq.Socket.shadow(socket.underlying)
+    return sync
+
+
+async def receive_one(session: Session, socket: Any, timeout: float | None) -> dict[str, Any]:
+    """Wait up to ``timeout`` s (None: no limit) for one message on ``socket``; ``Empty`` if
+    none came."""
+    if socket is None:
+        raise Empty
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        if not await socket.poll(None if left is None else int(left * 1000)):
+            raise Empty
+        try:
+            frames = _sync(socket).recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:  # another reader took it first: wait again
+            continue
+        return decode(session, frames)
+
+
 async def receive_batch(kc: AsyncKernelClient, timeout: float | None) -> list[dict[str, Any]]:
     """Wait up to ``timeout`` s for IOPub, then return what is queued (``Empty`` if nothing)."""
     socket = kc.iopub_channel.socket
@@ -100,10 +127,7 @@ async def receive_batch(kc: AsyncKernelClient, timeout: float | None) -> list[di
     timeout_ms = None if timeout is None else int(timeout * 1000)
     if not await socket.poll(timeout_ms):
         raise Empty
-    sync = _shadows.get(socket)
-    if sync is None:
-        # The same libzmq socket, read synchronously: no future and no loop turn per message.
-        sync = _shadows[socket] = zmq.Socket.shadow(socket.underlying)
+    sync = _sync(socket)
     session = kc.session
     msgs: list[dict[str, Any]] = []
     while len(msgs) < BATCH:

@@ -67,6 +67,36 @@ def test_outputs_are_made_schema_valid() -> None:
     assert to_nb_output({"output_type": "clear_output", "wait": False}, 1) is None
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"output_type": "stream", "name": "stdout", "text": "1\n"},
+        {"output_type": "stream", "name": "stderr", "text": ["a", "b"], "extra": 1},
+        {"output_type": "stream", "text": 5},
+        {"output_type": "stream", "name": "stdlog", "text": "x"},
+        {"output_type": "error", "ename": "E", "evalue": "v", "traceback": ["t1", 2]},
+        {"output_type": "error", "traceback": None},
+    ],
+)
+def test_streams_and_errors_built_without_the_schema_are_what_it_would_accept(
+    raw: dict[str, Any],
+) -> None:
+    """Streams and errors skip the schema run (it cost more than the rest of a trivial block):
+    each is the node nbformat's own constructor makes, and valid."""
+    out = to_nb_output(raw, 1)
+    assert out is not None
+    kind = raw["output_type"]
+    fields = {k: v for k, v in out.items() if k != "output_type"}
+    assert out == nbformat.v4.new_output(kind, **fields)
+    assert list(out) == list(nbformat.v4.new_output(kind, **fields))  # same key order on disk
+    nbformat.validate(out, ref=kind, version=4)
+
+
+def test_a_stream_whose_name_is_not_text_is_still_checked() -> None:
+    with pytest.raises(nbformat.ValidationError):
+        to_nb_output({"output_type": "stream", "name": 3, "text": "x"}, 1)
+
+
 def test_an_output_the_schema_rejects_becomes_a_note() -> None:
     odd = _result(outputs=[{"output_type": "display_data", "data": {"text/plain": 42}}])
     (note,) = cell_outputs(odd, 1)
