@@ -82,6 +82,54 @@ def _kx_setup():
         lookup_by_type.__doc__ = slow.__doc__
         base.lookup_by_type = lookup_by_type
 
+    def per_request(shell):
+        # Work ipykernel and IPython repeat on every request, done once where the answer
+        # cannot change: the signature check of run_cell (inspect.signature each time), the
+        # second transform of the same cell (ipykernel transforms it, then IPython's run_cell
+        # does again; kept for that one next call and dropped when the cell ends), and debug
+        # records built for a logger whose every handler drops them.
+        import logging
+        from ipykernel import ipkernel
+        from ipykernel.kernelapp import IPKernelApp
+
+        check = getattr(ipkernel, "_accepts_parameters", None)
+        if check is not None and not getattr(check, "_kx_cached", False):
+            answers = {{}}
+
+            def accepts_parameters(meth, param_names):
+                key = (getattr(meth, "__func__", meth), tuple(param_names))
+                if key not in answers:
+                    answers[key] = check(meth, param_names)
+                return dict(answers[key])
+
+            accepts_parameters._kx_cached = True
+            ipkernel._accepts_parameters = accepts_parameters
+
+        log = IPKernelApp.instance().log
+        levels = [h.level for h in log.handlers]
+        if levels and not log.propagate and min(levels) > log.level:
+            log.setLevel(min(levels))
+
+        transform = getattr(shell, "transform_cell", None)
+        if transform is None or getattr(transform, "_kx_once", False):
+            return
+        held = [None]
+
+        def transform_cell(raw_cell):
+            last, held[0] = held[0], None
+            if last is not None and last[0] is raw_cell:
+                return last[1]
+            cell = transform(raw_cell)
+            held[0] = (raw_cell, cell)
+            return cell
+
+        def forget(*args):
+            held[0] = None
+
+        transform_cell._kx_once = True
+        shell.transform_cell = transform_cell
+        shell.events.register("post_execute", forget)
+
     def coalesce_wakes(thread):
         # Every message the kernel sends is queued for its iopub thread, and ipykernel wakes
         # that thread once per message (a socket send and a thread switch each). Here a wake is
@@ -324,6 +372,10 @@ def _kx_setup():
         pub._flush_streams = flush_streams
     try:
         fast_lookup()
+    except Exception:
+        pass
+    try:
+        per_request(shell)
     except Exception:
         pass
     # IPython 9 swaps a stream's ``write`` for a history tee around each cell and puts back

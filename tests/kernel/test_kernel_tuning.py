@@ -283,3 +283,44 @@ def test_the_kernels_own_flushes_keep_every_text_ahead_of_idle(ex: SyncExecutor[
     for i in range(200):
         result = ex.execute(f"import sys\nprint({i})\nprint('e{i}', file=sys.stderr)")
         assert (result.stdout, result.stderr) == (f"{i}\n", f"e{i}\n"), i
+
+
+def test_per_request_work_done_once_answers_as_before(ex: SyncExecutor[Any]) -> None:
+    """The signature check is cached with the same answer; the kernel's logger skips records
+    no handler would write; a cell is transformed once per request (a transformer sees each
+    request once, magics and shell escapes still run, a cell given again is transformed
+    again)."""
+    out = run(
+        ex,
+        """
+        from ipykernel import ipkernel
+        from ipykernel.kernelapp import IPKernelApp
+        check = ipkernel._accepts_parameters
+        fresh = check.__closure__ and any(
+            getattr(c.cell_contents, "__name__", "") == "_accepts_parameters"
+            for c in check.__closure__
+        )
+        shell = get_ipython()
+        same = check(shell.run_cell_async, ["cell_id", "cell_meta"]) == {
+            "cell_id": True, "cell_meta": True}
+        log = IPKernelApp.instance().log
+        print(check._kx_cached, fresh, same, log.level == min(h.level for h in log.handlers))
+        seen = []
+        def counting(lines):
+            seen.append("".join(lines))
+            return lines
+        shell.input_transformers_post.append(counting)
+        """,
+    )
+    assert out == "True True True True"
+    assert ex.execute("1 + 1").output == "2"
+    assert ex.execute("1 + 1").output == "2"
+    assert ex.execute("%time 2 + 2").ok
+    assert ex.execute("!echo from-shell").output.strip() == "from-shell"
+    out = run(ex, "shell.input_transformers_post.remove(counting)\nprint(seen[:-1])")
+    # Each request's cell once (IPython alone transforms it twice per request); %time
+    # transforms the statement it times itself.
+    assert out == (
+        "['1 + 1\\n', '1 + 1\\n', \"get_ipython().run_line_magic('time', '2 + 2')\\n\", "
+        "'2 + 2\\n', \"get_ipython().system('echo from-shell')\\n\"]"
+    )
