@@ -231,11 +231,16 @@ def _kx_setup():
             except OSError:
                 pass
 
-        def drain():
+        def drain(final=False):
             taken = []
             with lock:
                 while (data := take()):
                     taken.append(data)
+                # At a request's end, the start of a character cut off by the end of what was
+                # written is shown there, not carried into the next request's text.
+                rest = decode(b"", True) if final else ""
+                if rest and stream._should_watch:
+                    stream.write(rest)
             for data in taken:
                 echo(data)
 
@@ -271,9 +276,11 @@ def _kx_setup():
 
         from ipykernel.kernelbase import Kernel
 
-        slow, send = stream.flush, stream._flush
-        if getattr(slow, "_kx_quick", False):
+        slow, send = stream.flush, getattr(stream, "_flush", None)
+        if getattr(slow, "_kx_quick", False) or send is None:
             return
+        if not isinstance(getattr(stream, "_buffers", None), dict) or not hasattr(stream, "_hooks"):
+            return  # another ipykernel's stream (one buffer, say): its own flush stays
         own = set()
         for name in ("execute_request", "dispatch_shell"):
             code = getattr(getattr(Kernel, name, None), "__code__", None)
@@ -290,10 +297,11 @@ def _kx_setup():
 
         def flush():
             if threading.current_thread() is not thread.thread:
-                getattr(stream, "_kx_drain", lambda: None)()
+                ending = sys._getframe(1).f_code in own
+                getattr(stream, "_kx_drain", lambda final=False: None)(ending)
                 if quiet(thread, stream):
                     return
-                if sys._getframe(1).f_code in own and not stream._kx_sending and not stream._hooks:
+                if ending and not stream._kx_sending and not stream._hooks:
                     # ipykernel's own flush after a request, with the iopub thread not sending
                     # this stream: the text is taken and its message queued here, ahead of the
                     # idle status (one queue, sent in order), instead of waiting for that thread

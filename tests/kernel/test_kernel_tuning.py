@@ -324,3 +324,9 @@ def test_per_request_work_done_once_answers_as_before(ex: SyncExecutor[Any]) -> 
         "['1 + 1\\n', '1 + 1\\n', \"get_ipython().run_line_magic('time', '2 + 2')\\n\", "
         "'2 + 2\\n', \"get_ipython().system('echo from-shell')\\n\"]"
     )
+
+
+def test_a_character_cut_off_at_a_blocks_end_stays_in_that_block(ex: SyncExecutor[Any]) -> None:
+    result = ex.execute("import os\nos.write(1, b'cut ' + 'é'.encode()[:1])")
+    assert result.ok and result.stdout == "cut \ufffd", repr(result.stdout)
+    assert ex.execute("print('later')").stdout == "later\n"
