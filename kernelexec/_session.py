@@ -63,6 +63,9 @@ def cell_source(code: str, language: str) -> str:
     return f"{magic}\n{code}"
 
 
+_node: Callable[..., NotebookNode] = NotebookNode  # nbformat's constructor, typed
+
+
 def to_nb_output(output: Mapping[str, Any], execution_count: int | None) -> NotebookNode | None:
     """A schema-valid nbformat output from an executor's output dict (None: not a cell output).
 
@@ -78,9 +81,9 @@ def to_nb_output(output: Mapping[str, Any], execution_count: int | None) -> Note
             return new_output("stream", name=name, text=_text(output))  # the schema says why
         # Valid by construction (two strings): no schema run, which cost more than the rest
         # of a trivial block's handling on the host.
-        return NotebookNode(output_type="stream", name=name, text=_text(output))
+        return _node(output_type="stream", name=name, text=_text(output))
     if kind == "error":
-        return NotebookNode(  # strings and a list of strings: valid by construction
+        return _node(  # strings and a list of strings: valid by construction
             output_type="error",
             ename=str(output.get("ename", "Error")),
             evalue=str(output.get("evalue", "")),
