@@ -281,34 +281,40 @@ def _output_targets(results: BenchResults) -> list[TargetCheck]:
     """Issue 17 part 2, on the local kernel: defined for the full sizes (not --quick)."""
     full = not results.config.quick
     note = "" if full else "defined for the full sizes (run without --quick)"
+    rows = (
+        (
+            "outputs: displays",
+            f"{OUTPUT_DISPLAYS:,} small HTML displays collected, kernelexec kernel",
+            nth_block_p50(results, "outputs", "kernel", 0),
+            1.5,
+            "s",
+        ),
+        (
+            "outputs: stdout",
+            f"{OUTPUT_STDOUT_MB} MB of stdout collected, kernelexec kernel",
+            nth_block_p50(results, "outputs", "kernel", 1),
+            4.0,
+            "s",
+        ),
+        (
+            "outputs: host memory",
+            f"the bench's own peak RSS growth over the {OUTPUT_STDOUT_MB} MB of stdout",
+            workload_metric_p50(results, "outputs", "kernel", "host_growth_mib_block2"),
+            100.0,
+            "MiB",
+        ),
+    )
     return [
         TargetCheck.evaluate(
-            name="outputs: displays",
-            description=f"{OUTPUT_DISPLAYS:,} small HTML displays collected, kernelexec kernel",
-            value=nth_block_p50(results, "outputs", "kernel", 0),
-            threshold=1.5,
-            unit="s",
+            name=name,
+            description=description,
+            value=value,
+            threshold=threshold,
+            unit=unit,
             applicable=full,
             note=note,
-        ),
-        TargetCheck.evaluate(
-            name="outputs: stdout",
-            description=f"{OUTPUT_STDOUT_MB} MB of stdout collected, kernelexec kernel",
-            value=nth_block_p50(results, "outputs", "kernel", 1),
-            threshold=4.0,
-            unit="s",
-            applicable=full,
-            note=note,
-        ),
-        TargetCheck.evaluate(
-            name="outputs: host memory",
-            description=f"the bench's own peak RSS growth over the {OUTPUT_STDOUT_MB} MB of stdout",
-            value=workload_metric_p50(results, "outputs", "kernel", "host_growth_mib_block2"),
-            threshold=100.0,
-            unit="MiB",
-            applicable=full,
-            note=note,
-        ),
+        )
+        for name, description, value, threshold, unit in rows
     ]
 
 
