@@ -88,7 +88,6 @@ def _kx_setup():
         # second transform of the same cell (ipykernel transforms it, then IPython's run_cell
         # does again; kept for that one next call and dropped when the cell ends), and debug
         # records built for a logger whose every handler drops them.
-        import logging
         from ipykernel import ipkernel
         from ipykernel.kernelapp import IPKernelApp
 
@@ -213,6 +212,7 @@ def _kx_setup():
         r, w = os.pipe()
         os.set_blocking(r, False)
         lock = threading.RLock()
+        inside = threading.local()  # set while this thread moves text into the stream
         decode = codecs.getincrementaldecoder("utf-8")("replace").decode
 
         def take():  # with the lock held: the bytes read, or None when the pipe is empty
@@ -222,7 +222,14 @@ def _kx_setup():
                 return None
             text = decode(data) if data else ""
             if text and stream._should_watch:
-                stream.write(text)
+                # The stream's write flushes past 256 KiB; that flush must not drain the pipe
+                # again from inside this write (a long write to the fd nested one drain per
+                # 256 KiB until the reader died of recursion, and the writer then waited).
+                inside.on = True
+                try:
+                    stream.write(text)
+                finally:
+                    inside.on = False
             return data
 
         def echo(data):
@@ -232,6 +239,8 @@ def _kx_setup():
                 pass
 
         def drain(final=False):
+            if getattr(inside, "on", False):
+                return
             taken = []
             with lock:
                 while (data := take()):
