@@ -29,24 +29,11 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 
 from kernelexec import KernelExecutor
+from kernelexec.bench.workloads import display_code, stdout_code
 
 DISPLAY_TARGET = 1.5  # seconds for 10,000 displays
 STDOUT_TARGET = 4.0  # seconds for 100 MB of stdout
 MEMORY_TARGET = 100.0  # MB of host peak RSS growth
-
-
-def display_code(n: int) -> str:
-    return (
-        "from IPython.display import HTML, display\n"
-        f"for i in range({n}):\n    display(HTML(f'<b>{{i}}</b>'))\n"
-    )
-
-
-def stdout_code(mb: int) -> str:
-    return (
-        "import sys\nchunk = ('x' * 99 + '\\n') * 10_000\n"
-        f"for _ in range({mb}):\n    sys.stdout.write(chunk)\n"
-    )
 
 
 def timed_inside(code: str) -> str:

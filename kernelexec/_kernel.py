@@ -42,7 +42,8 @@ _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 # made lossless and bounded:
 # - its iopub PUB socket gets no send high-water mark: a PUB socket drops messages past it
 #   (zmq's default, 1,000) when the reader lags; without it the backlog waits in the kernel
-#   (the reader's bounded receive queue pushes back) and nothing is lost;
+#   (the reader's bounded receive queue pushes back) and nothing is lost; a connection made
+#   later keeps the limit (libzmq's rule), so an XPUB socket also waits instead of dropping;
 # - its stdout / stderr send what they hold once it passes _STREAM_CHUNK characters, and cut a
 #   longer write into such pieces, so no single message is huge: a 100 MB print reaches the
 #   host as bounded messages, never as one 100 MB message decoded at once.
@@ -324,13 +325,22 @@ def _kx_setup():
         stream._flush = sending
         stream.flush = flush
 
+    def lossless(socket):
+        # No send limit for the connections the socket has now. libzmq gives a connection
+        # made later the options the socket had when it was bound (1,000 messages), so an
+        # XPUB socket (ipykernel 7) is also told to wait, not drop, when one is full: a
+        # subscriber that connects later and lags pauses the kernel's output, loses none.
+        socket.setsockopt(zmq.SNDHWM, 0)
+        if socket.type == zmq.XPUB and hasattr(zmq, "XPUB_NODROP"):
+            socket.setsockopt(zmq.XPUB_NODROP, 1)
+
     try:
         import zmq
         from ipykernel.kernelapp import IPKernelApp
         if IPKernelApp.initialized():
             app = IPKernelApp.instance()
             thread = app.iopub_thread
-            thread.schedule(lambda: thread.socket.setsockopt(zmq.SNDHWM, 0))
+            thread.schedule(lambda: lossless(thread.socket))
             # ipykernel sleeps 0.5 ms before each reply "so outputs reach clients first"; the
             # executor waits for the block's idle status and its marker instead.
             if hasattr(app.kernel, "_execute_sleep"):

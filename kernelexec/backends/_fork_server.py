@@ -193,9 +193,34 @@ def _own_process(shell: Any) -> None:
             )
 
 
+def _unbounded_iopub(kernelapp: Any) -> None:
+    """The kernel's IOPub socket gets no send limit before it is bound, not only later.
+
+    The host's set-up code lifts the limit too, but libzmq gives each connection the options its
+    socket had when it was bound: a host that connects after a forked kernel ran the set-up (a
+    loaded machine) got zmq's 1,000-message limit, past which a PUB socket drops what it sends
+    (seen in CI: 5,606 of 10,000 displays lost, exit status 0).
+    """
+    import zmq
+
+    bind = getattr(kernelapp.IPKernelApp, "_bind_socket", None)
+    if bind is None or getattr(bind, "_kx_unbounded", False):
+        return
+
+    def _bind_socket(self: Any, s: Any, port: Any) -> Any:
+        if s.type in (zmq.PUB, zmq.XPUB):
+            s.sndhwm = 0
+        return bind(self, s, port)
+
+    _bind_socket._kx_unbounded = True  # type: ignore[attr-defined]
+    kernelapp.IPKernelApp._bind_socket = _bind_socket
+
+
 def _launch(connection_file: str, env: dict[str, str], setup: str | None) -> None:
     """Run the kernel application (in the forked child; returns when the kernel ends)."""
     from ipykernel import kernelapp
+
+    _unbounded_iopub(kernelapp)
 
     # The parent poller ends the kernel when the server goes (set here: ipykernel read
     # JPY_PARENT_PID when the server imported it).

@@ -198,9 +198,12 @@ def _sandbox_check(ctx: BenchContext) -> str | None:
     return None
 
 
+#: What the workloads import: the fork server imports it once, every forked kernel shares it.
+WARM_UP = ("numpy", "pandas", "matplotlib.pyplot")
+
+
 def _warm_up(ctx: BenchContext) -> dict[str, Any]:
-    # What the workloads import: the server imports it once, every forked kernel shares it.
-    return {"warm_up": ["numpy", "pandas", "matplotlib.pyplot"]}
+    return {"warm_up": list(WARM_UP)}
 
 
 def _image(ctx: BenchContext) -> dict[str, Any]:

@@ -244,10 +244,8 @@ def _plan(
                 floor=s.floor,
             )
             results.rows.append(row)
-            if s.workloads is not None and w.name not in s.workloads:
-                row.status, row.reason = "skipped", f"{s.name} runs only {', '.join(s.workloads)}"
-            elif w.only is not None and s.name not in w.only:
-                row.status, row.reason = "skipped", f"{w.name} runs only on {', '.join(w.only)}"
+            if (skip := _not_paired(w, s)) is not None:
+                row.status, row.reason = "skipped", skip
             elif reasons[s.name] is not None:
                 row.status, row.reason = "unavailable", str(reasons[s.name])
             elif not s.docker and missing[(python := _python(s, ctx)), w.name]:
@@ -256,6 +254,16 @@ def _plan(
             else:
                 cells.append(_Cell(w, s, row))
     return cells
+
+
+def _not_paired(w: Workload, s: ExecutorSpec) -> str | None:
+    """Why a row does not run a workload: the row runs only some workloads (a floor that can do
+    one thing), or the workload runs only on some rows (outputs: kernels)."""
+    if s.workloads is not None and w.name not in s.workloads:
+        return f"{s.name} runs only {', '.join(s.workloads)}"
+    if w.only is not None and s.name not in w.only:
+        return f"{w.name} runs only on {', '.join(w.only)}"
+    return None
 
 
 def _python(spec: ExecutorSpec, ctx: BenchContext) -> str:

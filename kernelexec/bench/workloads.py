@@ -159,19 +159,27 @@ OUTPUT_STDOUT_MB = 100
 OUTPUT_ROWS = ("jupyter-client", "kernel", "fork-kernel")
 
 
+def display_code(n: int) -> str:
+    """``n`` small HTML displays (the outputs workload's first block, and outputs_wire.py's)."""
+    return (
+        "from IPython.display import HTML, display\n"
+        f"for i in range({n}):\n    display(HTML(f'<b>{{i}}</b>'))\n"
+    )
+
+
+def stdout_code(megabytes: int) -> str:
+    """``megabytes`` MB of stdout in 1 MB writes of 100-character lines."""
+    return (
+        "import sys\nchunk = ('x' * 99 + '\\n') * 10_000\n"
+        f"for _ in range({megabytes}):\n    sys.stdout.write(chunk)\n"
+    )
+
+
 def outputs(quick: bool) -> Workload:
     displays = OUTPUT_DISPLAYS // 10 if quick else OUTPUT_DISPLAYS
     megabytes = OUTPUT_STDOUT_MB // 10 if quick else OUTPUT_STDOUT_MB
-    show = (
-        "from IPython.display import HTML, display\n"
-        f"for i in range({displays}):\n    display(HTML(f'<b>{{i}}</b>'))\n"
-        f"print('shown', {displays})"
-    )
-    flood = (
-        "import sys\nchunk = ('x' * 99 + '\\n') * 10_000\n"
-        f"for _ in range({megabytes}):\n    sys.stdout.write(chunk)\n"
-        f"print('wrote', {megabytes}, 'MB')"
-    )
+    show = display_code(displays) + f"print('shown', {displays})"
+    flood = stdout_code(megabytes) + f"print('wrote', {megabytes}, 'MB')"
     blocks = (
         Block(code=show, expect=f"shown {displays}"),
         Block(code=flood, expect=f"wrote {megabytes} MB", host_memory=True),
