@@ -422,13 +422,12 @@ def test_the_server_fills_its_memory_holes_before_it_forks() -> None:
     each): the pools' free blocks reported before are taken, and the heap's report lists far
     fewer free chunks after."""
     code = """if True:
-        import re, runpy
+        import ctypes, re, runpy  # imported first: an import between the reports takes holes
         ns = runpy.run_path(PATH)
         row = r"^\\s+\\d+\\s+\\d+\\s+\\d+\\s+\\d+\\s+(\\d+)\\s*$"
         def pools():
             return sum(int(n) for n in re.findall(row, ns["_debugmallocstats"](), re.M))
         def chunks():
-            import ctypes
             info = ns["_malloc_info"](ctypes.CDLL(None))
             return sum(int(n) for n in re.findall(r'to="\\d+" total="\\d+" count="(\\d+)"', info))
         before = pools(), chunks()
@@ -447,3 +446,51 @@ def test_the_server_fills_its_memory_holes_before_it_forks() -> None:
     assert taken >= pools_before * 0.9, done.stdout  # (the reports themselves allocate a little)
     assert chunks_after < chunks_before / 2, done.stdout
     assert kept > 7 * 64  # objects and chunks kept, never freed
+
+
+def test_a_process_a_startup_file_starts_is_inside_the_kernels_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forked kernel joins its cgroup from a thread while it builds its sockets (the move
+    waits out an RCU grace period); it waits for the move before anything configurable runs.
+    An IPython startup file that starts a detached process, read by a server prepared with that
+    profile: the process dies with the kernel, and every thread of the kernel is in its cgroup."""
+    from kernelexec.backends import _containment
+
+    if not _containment.mechanism().startswith("cgroup"):
+        pytest.skip("no cgroup here: a forked kernel is contained by its process group only")
+    marker = f"kx-startup-{time.monotonic_ns()}"
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-spawn.py").write_text(
+        "import pathlib, subprocess\n"
+        f"pathlib.Path({str(tmp_path / 'seen')!r}).write_text(open('/proc/self/cgroup').read())\n"
+        f"subprocess.Popen(['setsid', 'bash', '-c', 'exec -a {marker} sleep 300'])\n"
+    )
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    warm_up = ["colorsys"]  # a server of its own, prepared with the profile above
+    ex = make_executor("fork-kernel", work_dir=tmp_path, timeout=30, warm_up=warm_up)
+    try:
+        assert ex.execute("1").ok
+        assert _marked(marker), "the startup file did not run"
+        pid = ex.backend.pid
+        jail = ex.backend._jail  # type: ignore[attr-defined]
+        assert pid is not None and jail is not None
+        members = jail.pids()
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        assert len(threads) > 3 and pid in members and set(_marked(marker)) <= members
+        assert (tmp_path / "seen").read_text() == Path(f"/proc/{pid}/cgroup").read_text()
+        for tid in threads:
+            assert (
+                Path(f"/proc/{pid}/task/{tid}/cgroup").read_text()
+                == Path(f"/proc/{pid}/cgroup").read_text()
+            )
+    finally:
+        ex.close()
+        server = fork_kernel._servers.pop((sys.executable, tuple(warm_up)), None)
+        if server is not None:
+            server.stop()
+    deadline = time.monotonic() + 10
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _marked(marker), "a process started by a startup file outlived close()"
