@@ -144,7 +144,10 @@ def _prepare_shell(app: Any) -> None:
         "user_ns": None,
     }
     _shell = shell_class.instance(parent=app, **_shell_args)
-    _shell.display_formatter.formatters  # noqa: B018 (made on first use: made here once)
+    # What the first block would set up lazily, done here once (pure calls: nothing recorded):
+    # the formatters and their trait defaults, the input transformers.
+    _shell.display_formatter.format(0)
+    _shell.transform_cell("0\n")
 
 
 def _adopt_shell() -> None:
@@ -559,6 +562,109 @@ class _Reaper:
             pass  # the kernel's folder is gone: its executor has closed
 
 
+# The process the next kernel becomes, forked ahead once the server has had no request for this
+# long: forking the server (numpy, pandas and matplotlib warm) takes about 6.5 ms, which a start
+# then skips. Not at once after a request, so a burst of starts (a pool filling) does not fork
+# twice per kernel, and a kernel starting is not competing with the fork for the two cores.
+SPARE_AFTER = 0.05
+
+
+class _Spare:
+    """A process forked ahead of the next request, waiting for it on a pipe of its own; it holds
+    none of the server's other file descriptors (so the host sees the server's end at once) and
+    ends when its pipe closes unused (the server ended)."""
+
+    def __init__(self, pid: int, pipe: int) -> None:
+        self.pid, self.pipe = pid, pipe
+
+    @staticmethod
+    def fork() -> _Spare | None:
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # no spare then: the next request forks, and says why if it fails
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:
+            os.close(w)
+            _spare_waits(r)
+        os.close(r)
+        return _Spare(pid, w)
+
+    def give(self, request: dict[str, Any]) -> int | None:
+        """Hand ``request`` to the spare: its pid, or None if it is gone (a fresh fork then)."""
+        data = json.dumps(request).encode()
+        try:
+            while data:
+                data = data[os.write(self.pipe, data) :]
+        except OSError:  # it died: nothing reads the pipe
+            return None
+        finally:
+            os.close(self.pipe)
+        return self.pid
+
+    def end(self) -> None:
+        """The server ends: the spare sees its pipe close and exits; reaped here."""
+        os.close(self.pipe)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+#: a spare's process name while it waits (``ps -e``, ``top``); a kernel takes the server's back
+SPARE_NAME = "kx-fork-spare"
+
+
+def _rename(name: str) -> None:
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii") as f:
+        f.write(name)
+
+
+def _spare_waits(pipe: int) -> None:
+    """In a spare: wait for a request, then become its kernel (never returns). It stays in the
+    server's session until then (a kernel starts its own), which also tells the two apart."""
+    try:
+        with open("/proc/self/comm", encoding="ascii") as f:
+            name = f.read().strip()
+        _rename(SPARE_NAME)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # the server's protocol pipes stay the server's alone
+        os.dup2(null, 1)
+        os.closerange(3, pipe)
+        os.closerange(pipe + 1, 256)
+        chunks = []
+        while chunk := os.read(pipe, 1 << 16):
+            chunks.append(chunk)
+        if not chunks:
+            os._exit(0)  # the server ended without a request for it
+        request = json.loads(b"".join(chunks))
+        _rename(name)
+    except BaseException:
+        os._exit(1)
+    _kernel(request)
+
+
+class _Requests:
+    """Request lines from the host on a file descriptor, with a wait that can end early."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd, self._held = fd, b""
+
+    def next(self, timeout: float | None) -> bytes | None:
+        """The next line (b"" at end of input), or None when none came within ``timeout``."""
+        import select
+
+        while b"\n" not in self._held:
+            if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                return b""
+            self._held += chunk
+        line, _, self._held = self._held.partition(b"\n")
+        return line
+
+
 def serve(modules: list[str], inp: Any, out: Any) -> int:
     os.environ.setdefault("MPLBACKEND", INLINE_BACKEND)
     # debugpy's note about frozen modules, printed by every kernel otherwise
@@ -577,23 +683,40 @@ def serve(modules: list[str], inp: Any, out: Any) -> int:
     _fill_holes()
     gc.freeze()
     _answer(out, ready=os.getpid())
-    for line in inp:
-        # The reaper waits until the new pid is recorded (a kernel may end at once).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        try:
-            request = json.loads(line)
-            _compile_setup(request.get("setup"))
+    requests, spare = _Requests(inp.fileno()), None
+    try:
+        while True:
+            line = requests.next(None if spare is not None else SPARE_AFTER)
+            if line is None:  # idle: the next kernel's process, forked now
+                spare = _Spare.fork()
+                continue
+            if not line:
+                return 0
+            handed, spare = spare, None
+            _answer(out, **_start_kernel(line, handed, reaper))
+    finally:
+        if spare is not None:
+            spare.end()
+
+
+def _start_kernel(line: bytes, spare: _Spare | None, reaper: _Reaper) -> dict[str, Any]:
+    """Fork a kernel for one request (or hand it to the spare): the answer for the host."""
+    # The reaper waits until the new pid is recorded (a kernel may end at once).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        request = json.loads(line)
+        _compile_setup(request.get("setup"))  # for the kernels forked from now on
+        pid = spare.give(request) if spare is not None else None
+        if pid is None:
             pid = os.fork()
-        except (ValueError, OSError) as exc:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-            _answer(out, error=f"{type(exc).__name__}: {exc}")
-            continue
-        if pid == 0:
-            _kernel(request)
+            if pid == 0:
+                _kernel(request)
         reaper.record(pid, request.get("status"))
+        return {"pid": pid}
+    except (ValueError, OSError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        _answer(out, pid=pid)
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from kernelexec.backends._fork_server import SPARE_NAME
+
 COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL = (
     "command",
     "kernel",
@@ -160,6 +162,21 @@ def _own_container(executor: Any) -> str | None:
     return None if container is None else str(container.id)
 
 
+def fork_spares(tree: dict[int, tuple[int, str]]) -> set[int]:
+    """The processes fork servers forked ahead for their next kernels (named so while they
+    wait, and still in their server's session: a kernel starts its own)."""
+    found = set()
+    for pid, (parent, _) in tree.items():
+        try:
+            with open(f"/proc/{pid}/comm", encoding="ascii") as f:
+                spare = f.read().strip() == SPARE_NAME
+            if spare and os.getsid(pid) == os.getsid(parent):
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
 def _own_processes(executor: Any, tree: dict[int, tuple[int, str]]) -> set[int]:
     """A local kernel executor's own processes: the kernel and those between it and us (the
     jail's helper)."""
@@ -201,7 +218,7 @@ class Running:
 
     def _left_once(self, open_executors: Sequence[Any]) -> list[str]:
         tree = descendants()
-        own: set[int] = set()
+        own: set[int] = fork_spares(tree)  # the server's, like the server itself
         for executor in open_executors:
             own |= _own_processes(executor, tree)
         left = [
