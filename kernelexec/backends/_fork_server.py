@@ -683,16 +683,16 @@ def serve(modules: list[str], inp: Any, out: Any) -> int:
     _fill_holes()
     gc.freeze()
     _answer(out, ready=os.getpid())
-    requests, spare = _Requests(inp.fileno()), None
+    requests, spare, tried = _Requests(inp.fileno()), None, False
     try:
         while True:
-            line = requests.next(None if spare is not None else SPARE_AFTER)
-            if line is None:  # idle: the next kernel's process, forked now
-                spare = _Spare.fork()
+            line = requests.next(None if tried else SPARE_AFTER)
+            if line is None:  # idle: the next kernel's process, forked now (tried once)
+                spare, tried = _Spare.fork(), True
                 continue
             if not line:
                 return 0
-            handed, spare = spare, None
+            handed, spare, tried = spare, None, False
             _answer(out, **_start_kernel(line, handed, reaper))
     finally:
         if spare is not None:
