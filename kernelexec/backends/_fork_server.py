@@ -16,6 +16,7 @@ import gc
 import importlib
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -265,16 +266,17 @@ def _uses_prepared(env: dict[str, str]) -> bool:
 
 
 def _launch(
-    connection_file: str, env: dict[str, str], setup: str | None, joined: Callable[[], None]
+    connection_file: str, setup: str | None, prepared: bool, joined: Callable[[], None]
 ) -> None:
-    """Run the kernel application (in the forked child; returns when the kernel ends)."""
+    """Run the kernel application (in the forked child; returns when the kernel ends); from the
+    server's prepared application when the kernel's configuration folders are the server's."""
     from ipykernel import kernelapp
 
     _unbounded_iopub(kernelapp)
     # The parent poller ends the kernel when the server goes (set here: ipykernel read
     # JPY_PARENT_PID when the server imported it).
     parent = os.getppid()
-    if not _uses_prepared(env):
+    if not prepared:
         argv = ["-f", connection_file, f"--IPKernelApp.parent_handle={parent}", *KERNEL_ARGS]
         kernelapp.IPKernelApp.clear_instance()  # the prepared one read the server's folders
         if _shell is not None:
@@ -400,12 +402,13 @@ def _kernel(request: dict[str, Any]) -> None:
         os.dup2(log, 1)  # never the server's protocol pipe: a kernel writes to its log only
         os.dup2(log, 2)
         os.closerange(3, 256)  # the pipes to the host are the server's, not the kernel's
-        joined = _join_cgroup(request.get("cgroup"), prepared=_uses_prepared(request["env"]))
+        prepared = _uses_prepared(request["env"])
+        joined = _join_cgroup(request.get("cgroup"), prepared=prepared)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         _reset_matplotlib()
-        _launch(request["connection_file"], request["env"], request.get("setup"), joined)
+        _launch(request["connection_file"], request.get("setup"), prepared, joined)
         code = 0
     except BaseException:
         import traceback
@@ -652,8 +655,6 @@ class _Requests:
 
     def next(self, timeout: float | None) -> bytes | None:
         """The next line (b"" at end of input), or None when none came within ``timeout``."""
-        import select
-
         while b"\n" not in self._held:
             if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
                 return None

@@ -26,6 +26,7 @@ from kernelexec import (
     stop_fork_servers,
 )
 from kernelexec.backends import fork_kernel
+from kernelexec.bench.memory import children_of
 
 
 def _running(pid: int) -> bool:
@@ -496,29 +497,15 @@ def test_a_process_a_startup_file_starts_is_inside_the_kernels_cgroup(
     assert not _marked(marker), "a process started by a startup file outlived close()"
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.add(int(entry))
-    return found
-
-
 def _spare_of(server: int, kernels: set[int], seconds: float = 10) -> int:
     """The server's one child that is not a kernel: the process the next kernel becomes."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        spares = _children(server) - kernels
+        spares = {p for p in children_of(server) if _running(p)} - kernels
         if len(spares) == 1:
             return spares.pop()
         time.sleep(0.02)
-    raise AssertionError(f"no single spare: children {_children(server)}, kernels {kernels}")
+    raise AssertionError(f"no single spare: children {children_of(server)}, kernels {kernels}")
 
 
 def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path: Path) -> None:
