@@ -125,9 +125,11 @@ def containers(kernel_id, within=20.0):
     # Swarm removes a removed service's container on its own, shortly after: wait for that.
     deadline = time.monotonic() + within
     while True:
-        found = _engine.containers.list(all=True, filters={"label": "kernel_id=" + kernel_id})
+        # the low-level listing: the high-level one inspects each container it lists, which
+        # fails (404) for one Swarm removes in between
+        found = _engine.api.containers(all=True, filters={"label": "kernel_id=" + kernel_id})
         if not found or time.monotonic() > deadline:
-            return [c.name for c in found]
+            return [c["Names"][0].lstrip("/") for c in found]
         time.sleep(0.2)
 def report(**items):
     _REPORT.update(items)
