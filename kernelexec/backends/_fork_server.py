@@ -121,6 +121,56 @@ def _prepare_app() -> None:
     BaseIPythonApplication.initialize(app, KERNEL_ARGS)  # type: ignore[no-untyped-call]
     _prepared = {name: os.environ.get(name) for name in CONFIG_ENV}
     _prepare_shell(app)
+    _prepare_session(app)
+
+
+# The kernel's message session (jupyter_client's Session), built once here from the prepared
+# configuration: building it (configuration, a check of its packers, its signer) was about
+# 2 ms of every forked start. What is each kernel's own is given again in the child (see
+# ``_own_session``): its id, its process id and its key. None: configured, kept as when cold.
+_server_session: str | None = None
+_server_key: bytes | None = None
+
+
+def _prepare_session(app: Any) -> None:
+    global _server_session, _server_key
+    configured = app.config.get("Session", {})
+    session = app.session  # built now; its key is random unless configured
+    _server_session = None if "session" in configured else session.session
+    _server_key = None if "key" in configured or "keyfile" in configured else session.key
+
+
+def _own_session(app: Any) -> None:
+    """In a forked kernel, before it reads its connection file: a session id and process id of
+    its own, and a random key if its file names none (a cold kernel's Session makes all three
+    as it is built)."""
+    from jupyter_client.session import new_id, new_id_bytes
+
+    session = app.session
+    if _server_session is not None:
+        session.session = new_id()  # its observer sets the bytes form too
+    session.pid = os.getpid()
+    session.digest_history.clear()
+    load = app.init_connection_file
+
+    def init_connection_file() -> None:
+        load()
+        if _server_key is not None and session.key == _server_key:
+            session.key = new_id_bytes()
+
+    app.init_connection_file = init_connection_file
+
+
+def _keep_connection_file(app: Any) -> None:
+    """The host wrote the kernel's connection file with every IPC address fixed (no port 0 to
+    fill in): ipykernel would read it back to find nothing to add (about 0.7 ms)."""
+    write = app.write_connection_file
+
+    def write_connection_file(**kwargs: Any) -> None:
+        if app.transport != "ipc":
+            write(**kwargs)
+
+    app.write_connection_file = write_connection_file
 
 
 # The kernel's IPython shell, built once here: constructing it (prefilters, magics, completer,
@@ -303,6 +353,8 @@ def _prepared_app(connection_file: str, parent: int, joined: Callable[[], None])
         gui_pylab()  # type: ignore[no-untyped-call]
 
     app.init_gui_pylab = init_gui_pylab  # type: ignore[method-assign]
+    _own_session(app)
+    _keep_connection_file(app)
     # IPKernelApp.initialize starts with its base's initialize, which the server already ran.
     BaseIPythonApplication.initialize = lambda self, argv=None: None  # type: ignore[method-assign]
     _adopt_shell()  # the server prepared its shell with its application

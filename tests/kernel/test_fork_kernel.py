@@ -137,6 +137,53 @@ def test_the_shell_built_in_the_server_is_each_kernels_own(tmp_path: Path) -> No
     assert seen == ["['secret_one']", "['secret_two']"]
 
 
+def test_each_forked_kernel_has_a_message_session_of_its_own(tmp_path: Path) -> None:
+    """The server builds the kernel's message session once; each kernel gets its own session
+    id, its own process id (or the session refuses to send) and its own connection file's key."""
+    check = (
+        "import json, os\n"
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "s = get_ipython().kernel.session\n"
+        "key = json.load(open(IPKernelApp.instance().connection_file))['key'].encode()\n"
+        "print(s.session, s.bsession == s.session.encode(), s.pid == os.getpid(), s.key == key,"
+        " sep='|')"
+    )
+    seen = []
+    for _ in range(2):
+        with make_executor("fork-kernel", work_dir=tmp_path) as ex:
+            session, *checks = ex.execute(check).output.strip().split("|")
+            assert checks == ["True"] * 3, checks
+            seen.append(session)
+    assert len(set(seen)) == 2, seen
+
+
+def test_a_connection_file_without_a_key_gets_a_random_one_not_the_servers() -> None:
+    """As a cold kernel's session would: no key in the file, a fresh random key (the session
+    the server built holds one of its own, which no kernel may share)."""
+    script = (
+        "import importlib.util, json, os, sys, tempfile\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(fork_kernel._SERVER_SCRIPT)!r})\n"
+        "server = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(server)\n"
+        "server._prepare_app()\n"
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "app = IPKernelApp.instance()\n"
+        "before = app.session.session\n"
+        "path = os.path.join(tempfile.mkdtemp(), 'k.json')\n"
+        "json.dump({'transport': 'ipc', 'ip': path + '-s', 'shell_port': 1}, open(path, 'w'))\n"
+        "app.connection_file = path\n"
+        "server._own_session(app)\n"
+        "app.init_connection_file()\n"
+        "key = app.session.key\n"
+        "print(len(key) > 16, key != server._server_key, app.session.session != before,"
+        " app.session.auth is not None)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.stdout.split() == ["True"] * 4, out.stderr[-2000:]
+
+
 def _now() -> str:
     import datetime
 
