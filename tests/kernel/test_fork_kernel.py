@@ -583,3 +583,33 @@ def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path:
         fork_kernel._servers.pop(key).stop()
     assert _gone_within(server) and _gone_within(last)
     assert not os.path.exists(f"/proc/{last}"), "the spare was not reaped"
+
+
+def test_a_kernel_from_a_spare_shows_nothing_of_its_rehearsal(tmp_path: Path) -> None:
+    """A spare runs a silent block while it waits (so that its first real block is quicker):
+    the kernel it becomes starts as a cold local kernel does, nothing else ran in it."""
+    check = (
+        "ip = get_ipython()\n"
+        "print(ip.execution_count, len(In), Out, repr(_), repr(_i),"
+        " len(ip.history_manager.input_hist_raw), sorted(ip.user_ns), sep='|')"
+    )
+    blocks = [check, "1 / 0", "%history -n"]
+    with make_executor("kernel", work_dir=tmp_path / "cold", timeout=60) as cold:
+        expected = [cold.execute(block).output for block in blocks]
+    warm_up = ["fractions"]  # a server of its own
+    key = (sys.executable, tuple(warm_up))
+    a = make_executor("fork-kernel", work_dir=tmp_path / "a", timeout=30, warm_up=warm_up)
+    b = None
+    try:
+        first = int(a.execute("import os; os.getpid()").output)
+        spare = _spare_of(int(a.execute("os.getppid()").output), {first})
+        b = make_executor("fork-kernel", work_dir=tmp_path / "b", timeout=30, warm_up=warm_up)
+        seen = [b.execute(block).output for block in blocks]
+        assert b.backend.pid == spare  # type: ignore[attr-defined]
+    finally:
+        for ex in (a, b):
+            if ex is not None:
+                ex.close()
+        fork_kernel._servers.pop(key).stop()
+    assert seen == expected
+    assert "ZeroDivisionError" in seen[1] and "1 / 0" in seen[2]
