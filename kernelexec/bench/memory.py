@@ -24,6 +24,19 @@ _CGROUP_ROOTS = (
 )
 
 
+def _read(path: str) -> bytes:
+    """A small /proc file's bytes (OSError if it is gone). A sampler reads dozens per sample
+    while sessions are timed: raw reads take a third of the time pathlib's text reads did."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def children_of(pid: int) -> list[int]:
     """Direct children of ``pid`` (every thread's ``children`` list), [] if it is gone."""
     found: list[int] = []
@@ -33,7 +46,7 @@ def children_of(pid: int) -> list[int]:
         return found
     for tid in tasks:
         try:
-            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            text = _read(f"/proc/{pid}/task/{tid}/children")
         except OSError:
             continue
         found.extend(int(c) for c in text.split())
@@ -54,7 +67,7 @@ def descendants(pid: int) -> list[int]:
 def rss_bytes(pid: int) -> int:
     """Resident set size of one process, 0 when it has gone."""
     try:
-        fields = Path(f"/proc/{pid}/statm").read_text().split()
+        fields = _read(f"/proc/{pid}/statm").split()
     except OSError:
         return 0
     return int(fields[1]) * _PAGE
@@ -192,7 +205,7 @@ class PeakSampler:
         """A child caught between fork and exec still shows the parent's whole RSS (shared
         pages): it is the bench itself about to start a process, not what the row runs."""
         try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes() == self._own_cmdline
+            return _read(f"/proc/{pid}/cmdline") == self._own_cmdline
         except OSError:
             return False
 
