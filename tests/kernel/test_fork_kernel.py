@@ -160,11 +160,8 @@ def test_each_forked_kernel_has_a_message_session_of_its_own(tmp_path: Path) -> 
 def test_a_connection_file_without_a_key_gets_a_random_one_not_the_servers() -> None:
     """As a cold kernel's session would: no key in the file, a fresh random key (the session
     the server built holds one of its own, which no kernel may share)."""
-    script = (
-        "import importlib.util, json, os, sys, tempfile\n"
-        f"spec = importlib.util.spec_from_file_location('s', {str(fork_kernel._SERVER_SCRIPT)!r})\n"
-        "server = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(server)\n"
+    words = _run_with_the_server_module(
+        "import json, os, tempfile\n"
         "server._prepare_app()\n"
         "from ipykernel.kernelapp import IPKernelApp\n"
         "app = IPKernelApp.instance()\n"
@@ -178,10 +175,7 @@ def test_a_connection_file_without_a_key_gets_a_random_one_not_the_servers() -> 
         "print(len(key) > 16, key != server._server_key, app.session.session != before,"
         " app.session.auth is not None)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert out.stdout.split() == ["True"] * 4, out.stderr[-2000:]
+    assert words == ["True"] * 4, words
 
 
 def _now() -> str:
@@ -406,11 +400,7 @@ def test_the_bench_reads_an_idle_forked_kernels_own_memory_before_close(tmp_path
 def test_a_kernel_asking_for_a_different_shell_gets_a_new_one() -> None:
     """The prepared shell is handed over only for the arguments it was built with; any other
     request (another compiler class here) builds a new shell, as in a cold kernel."""
-    script = (
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('s', {str(fork_kernel._SERVER_SCRIPT)!r})\n"
-        "server = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(server)\n"
+    words = _run_with_the_server_module(
         "server._prepare_app()\n"
         "prepared = server._shell\n"
         "server._adopt_shell()\n"
@@ -420,10 +410,26 @@ def test_a_kernel_asking_for_a_different_shell_gets_a_new_one() -> None:
         "shell = type(prepared).instance(parent=None, kernel=object(), **args)\n"
         "print(shell is not prepared, type(shell.compile).__name__)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    assert words == ["True", "Other"], words
+
+
+def _run_with_the_server_module(body: str) -> list[str]:
+    """``body`` run by a new Python with the fork server's module loaded as ``server`` (not
+    serving): the words it printed, or its error output's end if it printed none."""
+    script = (
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(fork_kernel._SERVER_SCRIPT)!r})\n"
+        "server = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(server)\n"
     )
-    assert out.stdout.split() == ["True", "Other"], out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-c", script + body],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return out.stdout.split() or [out.stderr[-2000:]]
 
 
 def test_the_set_up_runs_in_the_child_before_the_kernel_answers(tmp_path: Path) -> None:
