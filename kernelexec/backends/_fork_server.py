@@ -127,16 +127,17 @@ def _prepare_app() -> None:
 # The kernel's message session (jupyter_client's Session), built once here from the prepared
 # configuration: building it (configuration, a check of its packers, its signer) was about
 # 2 ms of every forked start. What is each kernel's own is given again in the child (see
-# ``_own_session``): its id, its process id and its key. None: configured, kept as when cold.
-_server_session: str | None = None
+# ``_own_session``): its id, its process id and its key. A configured id or key (None here) is
+# kept, as when cold.
+_new_session_id = True
 _server_key: bytes | None = None
 
 
 def _prepare_session(app: Any) -> None:
-    global _server_session, _server_key
+    global _new_session_id, _server_key
     configured = app.config.get("Session", {})
     session = app.session  # built now; its key is random unless configured
-    _server_session = None if "session" in configured else session.session
+    _new_session_id = "session" not in configured
     _server_key = None if "key" in configured or "keyfile" in configured else session.key
 
 
@@ -147,7 +148,7 @@ def _own_session(app: Any) -> None:
     from jupyter_client.session import new_id, new_id_bytes
 
     session = app.session
-    if _server_session is not None:
+    if _new_session_id:
         session.session = new_id()  # its observer sets the bytes form too
     session.pid = os.getpid()
     session.digest_history.clear()

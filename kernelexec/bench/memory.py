@@ -175,7 +175,7 @@ class PeakSampler:
         self._containers = containers
         self._exclude = frozenset(exclude)
         try:
-            self._own_cmdline = Path(f"/proc/{self.root}/cmdline").read_bytes()
+            self._own_cmdline = _read(f"/proc/{self.root}/cmdline")
         except OSError:
             self._own_cmdline = b""
         self.peak = 0
