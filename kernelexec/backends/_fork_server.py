@@ -1,7 +1,7 @@
 """The fork server: imports ipykernel (and a warm-up list) once, then forks a kernel per request.
 
 Run as a script (``python _fork_server.py [module ...]``), never imported by kernelexec: it must
-stay free of threads and sockets so a fork is safe, and it imports nothing of kernelexec.
+stay free of threads and network sockets so a fork is safe, and it imports nothing of kernelexec.
 
 Protocol, one JSON document per line: the server answers its start with ``{"ready": pid}`` or
 ``{"error": text}``; each request ``{"connection_file", "cwd", "env", "log"}`` gets ``{"pid": n}``
@@ -18,6 +18,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -594,6 +595,13 @@ class _Reaper:
         else:
             self.where[pid] = path
 
+    def forget(self, pid: int) -> None:
+        """A spare that took no request: reaped (it was killed), its status dropped, so that a
+        later kernel given the same pid is not reported as ended."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        self.early.pop(pid, None)
+
     def __call__(self, signum: int, frame: Any) -> None:
         while True:
             try:
@@ -626,45 +634,61 @@ SPARE_AFTER = 0.05
 
 
 class _Spare:
-    """A process forked ahead of the next request, waiting for it on a pipe of its own; it holds
-    none of the server's other file descriptors (so the host sees the server's end at once) and
-    ends when its pipe closes unused (the server ended)."""
+    """A process forked ahead of the next request, waiting for it on a socket of its own; it
+    holds none of the server's other file descriptors (so the host sees the server's end at
+    once) and ends when its socket closes unused (the server ended).
 
-    def __init__(self, pid: int, pipe: int) -> None:
-        self.pid, self.pipe = pid, pipe
+    A request is handed over only when the spare says it has read it: a spare can die at any
+    moment (a kill, the OOM killer), and a dying process keeps its end open while its memory is
+    torn down, so a write alone would succeed into a dead spare and its kernel never start."""
+
+    def __init__(self, pid: int, sock: int) -> None:
+        self.pid, self.sock = pid, sock
 
     @staticmethod
     def fork() -> _Spare | None:
-        r, w = os.pipe()
+        ours, theirs = (s.detach() for s in socket.socketpair())
         try:
             pid = os.fork()
         except OSError:  # no spare then: the next request forks, and says why if it fails
-            os.close(r)
-            os.close(w)
+            os.close(ours)
+            os.close(theirs)
             return None
         if pid == 0:
-            os.close(w)
-            _spare_waits(r)
-        os.close(r)
-        return _Spare(pid, w)
+            os.close(ours)
+            _spare_waits(theirs)
+        os.close(theirs)
+        return _Spare(pid, ours)
 
     def give(self, request: dict[str, Any]) -> int | None:
-        """Hand ``request`` to the spare: its pid, or None if it is gone (a fresh fork then)."""
-        data = json.dumps(request).encode()
+        """Hand ``request`` to the spare: its pid once it has read it, or None if it did not
+        within HANDOVER_WAIT (it is gone, or ended now): a fresh fork then."""
+        data = json.dumps(request).encode() + b"\n"
         try:
             while data:
-                data = data[os.write(self.pipe, data) :]
-        except OSError:  # it died: nothing reads the pipe
-            return None
+                data = data[os.write(self.sock, data) :]
+            ready = select.select([self.sock], [], [], HANDOVER_WAIT)[0]
+            if ready and os.read(self.sock, 1) == HANDED:
+                return self.pid
+        except OSError:  # it died: nothing reads the socket
+            pass
         finally:
-            os.close(self.pipe)
-        return self.pid
+            os.close(self.sock)
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)  # stopped or stuck: it must not start later
+        return None
 
     def end(self) -> None:
-        """The server ends: the spare sees its pipe close and exits; reaped here."""
-        os.close(self.pipe)
+        """The server ends: the spare sees its socket close and exits; reaped here."""
+        os.close(self.sock)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
+
+
+# How long the server waits for its spare to take a request (its rehearsal may still be running:
+# a few milliseconds) before it forks afresh; and the byte that says it took it.
+HANDOVER_WAIT = 5.0
+HANDED = b"+"
 
 
 #: a spare's process name while it waits (``ps -e``, ``top``); a kernel takes the server's back
@@ -676,9 +700,10 @@ def _rename(name: str) -> None:
         f.write(name)
 
 
-def _spare_waits(pipe: int) -> None:
-    """In a spare: wait for a request, then become its kernel (never returns). It stays in the
-    server's session until then (a kernel starts its own), which also tells the two apart."""
+def _spare_waits(sock: int) -> None:
+    """In a spare: wait for a request, say so, then become its kernel (never returns). It stays
+    in the server's session until then (a kernel starts its own), which also tells the two
+    apart."""
     try:
         with open("/proc/self/comm", encoding="ascii") as f:
             name = f.read().strip()
@@ -686,15 +711,18 @@ def _spare_waits(pipe: int) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)  # the server's protocol pipes stay the server's alone
         os.dup2(null, 1)
-        os.closerange(3, pipe)
-        os.closerange(pipe + 1, 256)
+        os.closerange(3, sock)
+        os.closerange(sock + 1, 256)
         _rehearse()
-        chunks = []
-        while chunk := os.read(pipe, 1 << 16):
-            chunks.append(chunk)
-        if not chunks:
-            os._exit(0)  # the server ended without a request for it
-        request = json.loads(b"".join(chunks))
+        held = b""
+        while not held.endswith(b"\n"):
+            chunk = os.read(sock, 1 << 16)
+            if not chunk:
+                os._exit(0)  # the server ended without a (whole) request for it
+            held += chunk
+        request = json.loads(held)
+        os.write(sock, HANDED)
+        os.close(sock)
         _rename(name)
     except BaseException:
         os._exit(1)
@@ -778,6 +806,8 @@ def _start_kernel(line: bytes, spare: _Spare | None, reaper: _Reaper) -> dict[st
         request = json.loads(line)
         _compile_setup(request.get("setup"))  # for the kernels forked from now on
         pid = spare.give(request) if spare is not None else None
+        if pid is None and spare is not None:
+            reaper.forget(spare.pid)
         if pid is None:
             pid = os.fork()
             if pid == 0:

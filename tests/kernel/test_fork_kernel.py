@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import signal
@@ -589,6 +590,57 @@ def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path:
         fork_kernel._servers.pop(key).stop()
     assert _gone_within(server) and _gone_within(last)
     assert not os.path.exists(f"/proc/{last}"), "the spare was not reaped"
+
+
+def test_a_spare_that_dies_with_the_request_unread_is_replaced_by_a_fresh_fork(
+    tmp_path: Path,
+) -> None:
+    """A dying process keeps its end of a pipe open while its memory is torn down, so a request
+    written to a spare being killed would be lost and its kernel never start: the server waits
+    for the spare to say it has the request. Here the spare is stopped when the request comes
+    and killed while the server waits: the kernel is a fresh fork, and it answers."""
+    warm_up = ["numbers", "decimal"]  # a server of its own
+    a = make_executor("fork-kernel", work_dir=tmp_path / "a", timeout=30, warm_up=warm_up)
+    c = make_executor("fork-kernel", work_dir=tmp_path / "c", timeout=30, warm_up=warm_up)
+    try:
+        first = int(a.execute("import os; os.getpid()").output)
+        server = int(a.execute("os.getppid()").output)
+        spare = _spare_of(server, {first})
+        os.kill(spare, signal.SIGSTOP)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(c.execute, "import os; os.getpid()")
+            time.sleep(1)  # the request is with the stopped spare by now
+            os.kill(spare, signal.SIGKILL)
+            result = answer.result(timeout=60)
+        assert result.exit_code == 0, result.output
+        assert int(result.output) not in {spare, first}
+        assert c.execute("6 * 7").output == "42"
+    finally:
+        a.close()
+        c.close()
+        fork_kernel._servers.pop((sys.executable, tuple(warm_up))).stop()
+
+
+def test_the_server_forks_afresh_when_its_spare_does_not_take_the_request() -> None:
+    """A spare that neither reads its request nor dies (stopped, stuck) is killed after a
+    wait, so it can never start later beside the kernel forked in its place; it is reaped.
+    A spare that takes its request gives back its pid."""
+    words = _run_with_the_server_module(
+        "import os, signal, time\n"
+        "server.HANDOVER_WAIT = 0.5\n"
+        "reaper = server._Reaper()\n"
+        "spare = server._Spare.fork()\n"
+        "os.kill(spare.pid, signal.SIGSTOP)\n"
+        "start = time.monotonic()\n"
+        "given = spare.give({'x': 1})\n"
+        "waited = time.monotonic() - start\n"
+        "reaper.forget(spare.pid)\n"
+        "print(given, 0.4 < waited < 30, os.path.exists(f'/proc/{spare.pid}'))\n"
+        "took = server._Spare.fork()\n"
+        "print(took.give({'x': 1}) == took.pid)\n"
+        "os.waitpid(took.pid, 0)\n"
+    )
+    assert words == ["None", "True", "False", "True"], words
 
 
 def test_a_kernel_from_a_spare_shows_nothing_of_its_rehearsal(tmp_path: Path) -> None:
