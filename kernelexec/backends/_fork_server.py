@@ -720,9 +720,9 @@ def _spare_waits(sock: int) -> None:
             if not chunk:
                 os._exit(0)  # the server ended without a (whole) request for it
             held += chunk
-        request = json.loads(held)
-        os.write(sock, HANDED)
+        os.write(sock, HANDED)  # at once: the server answers the host only after this
         os.close(sock)
+        request = json.loads(held)
         _rename(name)
     except BaseException:
         os._exit(1)
