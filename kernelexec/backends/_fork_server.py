@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Callable
@@ -647,7 +648,13 @@ class _Spare:
 
     @staticmethod
     def fork() -> _Spare | None:
-        ours, theirs = (s.detach() for s in socket.socketpair())
+        pair = socket.socketpair()
+        # A write to a spare that is stopped (not dead) with a request larger than the
+        # socket's buffer gives up after HANDOVER_WAIT too, instead of blocking the server.
+        seconds = int(HANDOVER_WAIT)
+        wait = struct.pack("ll", seconds, int((HANDOVER_WAIT - seconds) * 1e6))
+        pair[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
+        ours, theirs = (s.detach() for s in pair)
         try:
             pid = os.fork()
         except OSError:  # no spare then: the next request forks, and says why if it fails
