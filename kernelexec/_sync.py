@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,10 @@ class Portal:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stopped = False
+        # A child forked from this process (os.fork, multiprocessing's fork start) inherits the
+        # portal but not its thread: there it is closed, and its front's close at exit does
+        # nothing (waiting for the missing thread hung the child; the kernels are the parent's).
+        self._owner = os.getpid()
         # Daemon: an executor the caller forgot to close must not keep the interpreter alive;
         # its finalizer (see close_on_collect) still closes it at exit.
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -40,11 +45,20 @@ class Portal:
 
     @property
     def running(self) -> bool:
-        return not self._stopped
+        return not self._stopped and os.getpid() == self._owner
+
+    def check(self, closed: str = "the event-loop thread has stopped") -> None:
+        """Raise ExecutorClosed (saying ``closed``) unless calls can run here."""
+        if os.getpid() != self._owner:
+            raise ExecutorClosed(
+                f"made in process {self._owner}; this process was forked from it and cannot use"
+                " it: make a new one here"
+            )
+        if self._stopped:
+            raise ExecutorClosed(closed)
 
     def call(self, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-        if self._stopped:
-            raise ExecutorClosed("the event-loop thread has stopped")
+        self.check()
         if threading.current_thread() is self._thread:
             # e.g. an on_output callback calling the sync API: waiting here would deadlock.
             raise ReentrantCall("a synchronous executor cannot be called from its own callbacks")
@@ -61,8 +75,7 @@ class Portal:
     ) -> concurrent.futures.Future[T]:
         """Start ``func`` on this loop and return at once (await it with ``asyncio.wrap_future``
         from another loop; cancelling that future cancels the work here)."""
-        if self._stopped:
-            raise ExecutorClosed("the event-loop thread has stopped")
+        self.check()
         return asyncio.run_coroutine_threadsafe(_as_coroutine(func, args, kwargs), self._loop)
 
     def stop(self) -> None:
@@ -70,6 +83,8 @@ class Portal:
         if self._stopped:
             return
         self._stopped = True
+        if os.getpid() != self._owner:
+            return  # the loop and its thread are the parent's
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
 
@@ -161,8 +176,7 @@ class SyncFront(Generic[C]):
 
     def _call(self, func: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Run ``func(*args, **kwargs)`` on the core's loop and wait for it."""
-        if not self._portal.running:
-            raise ExecutorClosed(f"{type(self).__name__} is closed")
+        self._portal.check(f"{type(self).__name__} is closed")
         return self._portal.call(func, *args, **kwargs)
 
 

@@ -97,6 +97,20 @@ class _ForkServer:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
+    def disown(self) -> None:
+        """In a process forked from the one that started the server: let go of the inherited
+        pipe ends without touching the server. They are pointed at /dev/null rather than closed,
+        so the file objects stay valid (nothing buffered can reach a reused descriptor), and the
+        server still sees its input end when its owner stops it."""
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for stream in (self._proc.stdin, self._proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             if self._proc.stdin is not None:
@@ -157,7 +171,20 @@ def stop_fork_servers() -> None:
         server.stop()
 
 
+def _forget_servers_in_child() -> None:
+    """After ``os.fork()`` (multiprocessing's default on Linux, too): the parent's servers stay
+    the parent's. The child lets go of their pipes (a child holding them kept a server its parent
+    stopped waiting for end of input), forgets them, and starts its own when it asks; the lock is
+    new (another thread may have held it at the fork)."""
+    global _servers_lock
+    _servers_lock = threading.Lock()
+    for server in _servers.values():
+        server.disown()
+    _servers.clear()
+
+
 atexit.register(stop_fork_servers)
+os.register_at_fork(after_in_child=_forget_servers_in_child)
 
 
 class ForkKernel(KernelBackend):
