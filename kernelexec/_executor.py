@@ -179,6 +179,9 @@ class AsyncExecutor(ABC):
         self._lock = asyncio.Lock()
         self._started = False
         self._closed = False
+        # Its kernel, container, work dir and sockets are this process's: a child forked from
+        # it (os.fork, multiprocessing) is refused them, and its close() lets them be.
+        self._owner = os.getpid()
         self._block_count = 0
         self._last_snapshot_size = 0
         # Every session is a notebook; with a path it is rewritten after each block.
@@ -328,6 +331,8 @@ class AsyncExecutor(ABC):
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._owner:
+            return  # a forked child: what this executor holds is its parent's to close
         async with self._lock:
             try:
                 if self._started:
@@ -380,6 +385,11 @@ class AsyncExecutor(ABC):
 
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self) -> None:
+        if os.getpid() != self._owner:
+            raise ExecutorClosed(
+                f"{type(self).__name__} was made in process {self._owner}; this process was"
+                " forked from it and cannot use it: make a new one here"
+            )
         if self._closed:
             raise ExecutorClosed(f"{type(self).__name__} is closed")
 

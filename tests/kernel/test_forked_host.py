@@ -43,3 +43,55 @@ def test_a_forked_child_neither_uses_nor_closes_the_parents_executors(tmp_path: 
     assert lines == ["REFUSED True", "OWN 42", "CHILD 0", "PARENT True 42"], (
         out.stdout + out.stderr[-2000:]
     )
+
+
+_ASYNC_HOST = """
+import asyncio, os, signal, tempfile
+from kernelexec import ExecutorClosed, make_async_executor
+
+async def start():
+    ex = make_async_executor("kernel")  # a work dir of its own, removed by its close()
+    return ex, (await ex.execute("import os; os.getpid()")).output
+
+loop = asyncio.new_event_loop()
+ex, kernel = loop.run_until_complete(start())
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+
+    async def child():
+        try:
+            await ex.execute("1")
+        except ExecutorClosed as exc:
+            print("REFUSED", "forked" in str(exc), flush=True)
+        await ex.close()
+
+    asyncio.run(child())
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+alive = os.path.exists(f"/proc/{kernel}")
+print("CHILD", os.waitstatus_to_exitcode(status), ex.work_dir.is_dir(), alive)
+
+async def after():
+    again = (await ex.execute("import os; os.getpid()")).output
+    print("PARENT", again == kernel)
+    await ex.close()
+
+loop.run_until_complete(after())
+print("CLOSED", ex.work_dir.exists())
+"""
+
+
+def test_a_forked_childs_close_leaves_the_parents_kernel_and_work_dir(tmp_path: Path) -> None:
+    """An async executor in a forked child: refused with a clear error (its sockets are the
+    parent's; using them hung), and its close() there removes nothing: not the parent's
+    kernel, not the work dir the parent's executor made."""
+    script = tmp_path / "host.py"
+    script.write_text(_ASYNC_HOST)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    lines = out.stdout.splitlines()
+    assert lines == ["REFUSED True", "CHILD 0 True True", "PARENT True", "CLOSED False"], (
+        out.stdout + out.stderr[-2000:]
+    )
