@@ -3,10 +3,12 @@
 Run as a script (``python _fork_server.py [module ...]``), never imported by kernelexec: it must
 stay free of threads and network sockets so a fork is safe, and it imports nothing of kernelexec.
 
-Protocol, one JSON document per line: the server answers its start with ``{"ready": pid}`` or
-``{"error": text}``; each request ``{"connection_file", "cwd", "env", "log"}`` gets ``{"pid": n}``
-(or ``{"error": text}``). End of input ends the server; kernels it forked watch it (ipykernel's
-parent poller) and end with it, so nothing outlives the process that started the server.
+Protocol, one JSON document per line, on the stdin and stdout it was started with (the answers
+through a copy of stdout, so nothing else the server's process prints can reach them): the server
+answers its start with ``{"ready": pid}`` or ``{"error": text}``; each request
+``{"connection_file", "cwd", "env", "log"}`` gets ``{"pid": n}`` (or ``{"error": text}``). End of
+input ends the server; kernels it forked watch it (ipykernel's parent poller) and end with it, so
+nothing outlives the process that started the server.
 """
 
 from __future__ import annotations
@@ -827,5 +829,14 @@ def _start_kernel(line: bytes, spare: _Spare | None, reaper: _Reaper) -> dict[st
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
+def _protocol_out() -> Any:
+    """The host's answers get a descriptor of their own; fd 1 (``print``, C code) then goes
+    where fd 2 goes (the host gives the server none): a warm-up module that prints as it is
+    imported (``this``, a library's banner) must not write into the answers."""
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    return out
+
+
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1:], sys.stdin, sys.stdout))
+    sys.exit(serve(sys.argv[1:], sys.stdin, _protocol_out()))

@@ -60,7 +60,11 @@ class _ForkServer:
             text=True,
             start_new_session=True,  # a terminal's Ctrl-C is not for it
         )
-        answer = self._read(start_timeout)
+        try:
+            answer = self._read(start_timeout)
+        except BaseException:
+            self.stop()  # no server left half-started
+            raise
         if "ready" not in answer:
             self.stop()
             raise BackendUnavailable(str(answer.get("error", "the fork server did not start")))
@@ -94,7 +98,13 @@ class _ForkServer:
             raise BackendUnavailable(f"the fork server did not answer within {timeout:g} s")
         if not line:
             return {"error": f"the fork server exited (status {self._proc.poll()})"}
-        answer: dict[str, Any] = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            self._proc.kill()  # its answers are out of step: the next server is new
+            raise BackendUnavailable(f"the fork server answered {line[:200]!r}, not a document")
         return answer
 
     def disown(self) -> None:

@@ -285,6 +285,42 @@ def test_a_warm_up_module_that_starts_a_thread_is_refused(
     assert not _server_processes("kx_threader")
 
 
+def test_a_warm_up_module_that_prints_as_it_is_imported_does_not_garble_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library's banner on stdout (``import this`` prints the Zen of Python) went into the
+    server's answers: the host got a JSONDecodeError and a server was left running. The server
+    answers on a descriptor of its own, so the print goes nowhere and the kernel starts."""
+    (tmp_path / "kx_banner.py").write_text(
+        "import os, sys\nprint('hello from kx_banner')\nsys.stdout.flush()\n"
+        "os.write(1, b'and from C code\\n')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    warm_up = ["kx_banner", "this"]
+    try:
+        with make_executor("fork-kernel", work_dir=tmp_path / "w", warm_up=warm_up) as ex:
+            assert ex.execute("1 + 1").output == "2"
+            assert ex.execute("import sys; 'kx_banner' in sys.modules").output == "True"
+    finally:
+        server = fork_kernel._servers.pop((sys.executable, tuple(warm_up)), None)
+        if server is not None:
+            server.stop()
+
+
+def test_a_server_that_answers_garbage_is_an_error_and_is_not_left_running(
+    tmp_path: Path,
+) -> None:
+    """Whatever stands in for the server's interpreter and does not speak its protocol: a clear
+    BackendUnavailable naming what it said, and the process is gone."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$$" > "$(dirname "$0")/pid"\necho hello\nexec sleep 60\n')
+    fake.chmod(0o755)
+    with pytest.raises(BackendUnavailable, match="answered 'hello"):
+        fork_kernel._ForkServer(str(fake), (), 30)
+    pid = int((tmp_path / "pid").read_text())
+    assert _gone_within(pid)
+
+
 def test_warm_up_modules_are_there_before_the_first_block(tmp_path: Path) -> None:
     with make_executor("fork-kernel", work_dir=tmp_path, warm_up=["json", "decimal"]) as ex:
         r = ex.execute("import sys; 'decimal' in sys.modules")
