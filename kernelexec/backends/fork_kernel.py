@@ -197,6 +197,20 @@ atexit.register(stop_fork_servers)
 os.register_at_fork(after_in_child=_forget_servers_in_child)
 
 
+def _module_names(warm_up: Sequence[str]) -> tuple[str, ...]:
+    """The warm-up list, checked before any server starts: a string alone would be read as
+    its letters, each a module ("cannot import 'j'")."""
+    if isinstance(warm_up, (str, bytes)):
+        raise TypeError(f"warm_up is a list of module names, not one string: [{warm_up!r}]")
+    names = tuple(warm_up)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"warm_up names modules as strings, not {type(name).__name__}")
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"warm_up: {name!r} is not a module name (like 'pandas' or 'a.b')")
+    return names
+
+
 class ForkKernel(KernelBackend):
     """A kernel forked from a warm server process on this machine."""
 
@@ -209,7 +223,7 @@ class ForkKernel(KernelBackend):
         python: str | os.PathLike[str] | None = None,
         shutdown_wait: float = _SHUTDOWN_WAIT,
     ) -> None:
-        self.warm_up = tuple(warm_up)
+        self.warm_up = _module_names(warm_up)
         self.python = sys.executable if python is None else resolve_python(python)
         self.shutdown_wait = shutdown_wait
         self._kc: AsyncKernelClient | None = None
