@@ -7,6 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+
+def _run_host(tmp_path: Path, code: str) -> tuple[list[str], str]:
+    """``code`` run as a host script: the lines it printed, and all it said (for a failure)."""
+    script = tmp_path / "host.py"
+    script.write_text(code)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    return out.stdout.splitlines(), out.stdout + out.stderr[-2000:]
+
+
 _HOST = """
 import os, signal, sys, tempfile
 from kernelexec import ExecutorClosed, make_executor
@@ -34,15 +45,8 @@ def test_a_forked_child_neither_uses_nor_closes_the_parents_executors(tmp_path: 
     """The child is refused the parent's executor with a clear error (its event-loop thread is
     not in the child), makes its own, and exits normally: closing the inherited executor at exit
     waited for that missing thread and hung the child. The parent's kernel is untouched."""
-    script = tmp_path / "host.py"
-    script.write_text(_HOST)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    lines = out.stdout.splitlines()
-    assert lines == ["REFUSED True", "OWN 42", "CHILD 0", "PARENT True 42"], (
-        out.stdout + out.stderr[-2000:]
-    )
+    lines, said = _run_host(tmp_path, _HOST)
+    assert lines == ["REFUSED True", "OWN 42", "CHILD 0", "PARENT True 42"], said
 
 
 _ASYNC_HOST = """
@@ -86,12 +90,5 @@ def test_a_forked_childs_close_leaves_the_parents_kernel_and_work_dir(tmp_path: 
     """An async executor in a forked child: refused with a clear error (its sockets are the
     parent's; using them hung), and its close() there removes nothing: not the parent's
     kernel, not the work dir the parent's executor made."""
-    script = tmp_path / "host.py"
-    script.write_text(_ASYNC_HOST)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    lines = out.stdout.splitlines()
-    assert lines == ["REFUSED True", "CHILD 0 True True", "PARENT True", "CLOSED False"], (
-        out.stdout + out.stderr[-2000:]
-    )
+    lines, said = _run_host(tmp_path, _ASYNC_HOST)
+    assert lines == ["REFUSED True", "CHILD 0 True True", "PARENT True", "CLOSED False"], said
