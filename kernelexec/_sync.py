@@ -51,8 +51,8 @@ class Portal:
         """Raise ExecutorClosed (saying ``closed``) unless calls can run here."""
         if os.getpid() != self._owner:
             raise ExecutorClosed(
-                f"made in process {self._owner}; this process was forked from it and cannot use"
-                " it: make a new one here"
+                f"it was made in process {self._owner}, and this process was forked from that"
+                " one: a forked child cannot use it; make a new one here"
             )
         if self._stopped:
             raise ExecutorClosed(closed)

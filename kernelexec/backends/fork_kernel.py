@@ -111,7 +111,7 @@ class _ForkServer:
         """In a process forked from the one that started the server: let go of the inherited
         pipe ends without touching the server. They are pointed at /dev/null rather than closed,
         so the file objects stay valid (nothing buffered can reach a reused descriptor), and the
-        server still sees its input end when its owner stops it."""
+        server still sees the end of its input when its owner stops it."""
         null = os.open(os.devnull, os.O_RDWR)
         try:
             for stream in (self._proc.stdin, self._proc.stdout):
