@@ -687,66 +687,6 @@ def test_the_server_forks_afresh_when_its_spare_does_not_take_the_request() -> N
     assert words == ["None", "True", "False"] * 2 + ["True"], words
 
 
-_FORKING_HOST = """
-import logging, os, signal, sys, tempfile, time
-logging.basicConfig(level=logging.WARNING, format="LOG %(message)s", stream=sys.stdout)
-from kernelexec import make_executor
-from kernelexec.backends import fork_kernel
-
-def kernel(warm_up):
-    return make_executor("fork-kernel", work_dir=tempfile.mkdtemp(), warm_up=warm_up)
-
-ex = kernel(["numbers", "cmath"])
-ours = int(ex.execute("import os; os.getppid()").output)
-r, w = os.pipe()
-fork_kernel._servers_lock.acquire()  # held at the fork, as another thread might hold it
-pid = os.fork()
-if pid == 0:
-    code = 1
-    signal.alarm(60)  # a child that hangs (the inherited lock) ends, and the test with it
-    try:
-        os.close(r)
-        answers = []
-        for warm_up in (["numbers", "cmath"], ["numbers", "colorsys"]):
-            with kernel(warm_up) as child:
-                answers.append(child.execute("import os; os.getppid()").output)
-        os.write(w, " ".join(answers).encode())
-        time.sleep(60)  # lives on, holding whatever it inherited, until the parent kills it
-        code = 0
-    finally:
-        os._exit(code)
-fork_kernel._servers_lock.release()
-os.close(w)
-theirs = [int(p) for p in os.read(r, 100).split()]
-print("CHILD", *(p != ours for p in theirs))
-print("STILL", ex.execute("6 * 7").output)
-ex.close()
-servers = list(fork_kernel._servers.values())
-fork_kernel.stop_fork_servers()
-print("ENDED", *(s._proc.returncode for s in servers))
-os.kill(pid, signal.SIGKILL)
-os.waitpid(pid, 0)
-"""
-
-
-def test_a_child_forked_from_the_host_starts_servers_of_its_own(tmp_path: Path) -> None:
-    """A host that forks (``os.fork``, multiprocessing's default start on Linux) after using
-    fork kernels: the child starts its own server (even for the parent's warm-up list, and with
-    the server lock held at the fork), says nothing of a server dying, and lets go of the
-    parent's pipes, so the parent's server ends at its stop on end of input (status 0), not
-    killed after a wait while the child lives on."""
-    script = tmp_path / "host.py"
-    script.write_text(_FORKING_HOST)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    lines = out.stdout.splitlines()
-    assert "CHILD True True" in lines, out.stdout + out.stderr[-2000:]
-    assert "STILL 42" in lines
-    assert "ENDED 0" in lines, out.stdout
-    assert not [line for line in lines if line.startswith("LOG")], out.stdout
-
-
 def test_a_kernel_from_a_spare_shows_nothing_of_its_rehearsal(tmp_path: Path) -> None:
     """A spare runs a silent block while it waits (so that its first real block is quicker):
     the kernel it becomes starts as a cold local kernel does, nothing else ran in it."""

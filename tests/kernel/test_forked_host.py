@@ -1,5 +1,6 @@
 """A host process that forks (``os.fork``; multiprocessing's default start on Linux) while it
-holds executors: the child gets none of the parent's kernels and cannot hang on them."""
+holds executors and fork servers: the child gets none of the parent's kernels or servers and
+cannot hang on them."""
 
 from __future__ import annotations
 
@@ -92,3 +93,58 @@ def test_a_forked_childs_close_leaves_the_parents_kernel_and_work_dir(tmp_path: 
     kernel, not the work dir the parent's executor made."""
     lines, said = _run_host(tmp_path, _ASYNC_HOST)
     assert lines == ["REFUSED True", "CHILD 0 True True", "PARENT True", "CLOSED False"], said
+
+
+_FORKING_HOST = """
+import logging, os, signal, sys, tempfile, time
+logging.basicConfig(level=logging.WARNING, format="LOG %(message)s", stream=sys.stdout)
+from kernelexec import make_executor
+from kernelexec.backends import fork_kernel
+
+def kernel(warm_up):
+    return make_executor("fork-kernel", work_dir=tempfile.mkdtemp(), warm_up=warm_up)
+
+ex = kernel(["numbers", "cmath"])
+ours = int(ex.execute("import os; os.getppid()").output)
+r, w = os.pipe()
+fork_kernel._servers_lock.acquire()  # held at the fork, as another thread might hold it
+pid = os.fork()
+if pid == 0:
+    code = 1
+    signal.alarm(60)  # a child that hangs (the inherited lock) ends, and the test with it
+    try:
+        os.close(r)
+        answers = []
+        for warm_up in (["numbers", "cmath"], ["numbers", "colorsys"]):
+            with kernel(warm_up) as child:
+                answers.append(child.execute("import os; os.getppid()").output)
+        os.write(w, " ".join(answers).encode())
+        time.sleep(60)  # lives on, holding whatever it inherited, until the parent kills it
+        code = 0
+    finally:
+        os._exit(code)
+fork_kernel._servers_lock.release()
+os.close(w)
+theirs = [int(p) for p in os.read(r, 100).split()]
+print("CHILD", *(p != ours for p in theirs))
+print("STILL", ex.execute("6 * 7").output)
+ex.close()
+servers = list(fork_kernel._servers.values())
+fork_kernel.stop_fork_servers()
+print("ENDED", *(s._proc.returncode for s in servers))
+os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_from_the_host_starts_servers_of_its_own(tmp_path: Path) -> None:
+    """A host that forks (``os.fork``, multiprocessing's default start on Linux) after using
+    fork kernels: the child starts its own server (even for the parent's warm-up list, and with
+    the server lock held at the fork), says nothing of a server dying, and lets go of the
+    parent's pipes, so the parent's server ends at its stop on end of input (status 0), not
+    killed after a wait while the child lives on."""
+    lines, said = _run_host(tmp_path, _FORKING_HOST)
+    assert "CHILD True True" in lines, said
+    assert "STILL 42" in lines
+    assert "ENDED 0" in lines, said
+    assert not [line for line in lines if line.startswith("LOG")], said
