@@ -285,6 +285,19 @@ class AsyncKernelPool:
         return enough or self._closed or (self._starting == 0 and self.last_error is not None)
 
     async def _take(self) -> AsyncKernelExecutor:
+        """An idle kernel that is still alive (one can die while it waits: killed, out of
+        memory, or its fork server stopped by ``stop_fork_servers()``), else a new one."""
+        while True:
+            executor = await self._take_any()
+            if await executor.backend.is_alive():
+                return executor
+            reason = executor.backend.death_reason() or "it is not running"
+            log.warning("an idle kernel of the pool had died (%s); taking another", reason)
+            with contextlib.suppress(Exception):
+                await executor.close()
+            self._refill_later()
+
+    async def _take_any(self) -> AsyncKernelExecutor:
         cond = self._condition()
         async with cond:
             while True:

@@ -7,9 +7,10 @@ normal IPython kernel, so everything a local kernel promises holds (interrupt ke
 death noticed, timeouts). Pages imported before the fork are shared copy-on-write, so an idle
 kernel costs a fraction of a cold one's memory.
 
-One server per (interpreter, warm-up list) per process, started by the first executor that asks,
-shared by the rest, and ended with the process (its kernels watch it and end with it). A server
-that died is replaced on the next request, with a log line.
+One server per (interpreter, warm-up list, interpreter-start variables such as PYTHONPATH) per
+process, started by the first executor that asks, shared by the rest, and ended with the process
+(its kernels watch it and end with it). A server that died is replaced on the next request, with a
+log line.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -27,9 +30,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
@@ -42,6 +45,7 @@ from .local_command import resolve_python
 from .local_kernel import BlockTracker, log_end
 
 _log = logging.getLogger("kernelexec")
+T = TypeVar("T")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
 _SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
 
@@ -49,17 +53,32 @@ _SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, 
 class _ForkServer:
     """One running server process, talked to over its stdin/stdout pipes (one line each way)."""
 
-    def __init__(self, python: str, warm_up: tuple[str, ...], start_timeout: float) -> None:
+    def __init__(
+        self,
+        python: str,
+        warm_up: tuple[str, ...],
+        start_timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.python, self.warm_up = python, warm_up
         self._lock = threading.Lock()  # requests from any thread / event loop, one at a time
+        self.stopped = False
+        # What the server writes before it answers (a warm-up module's traceback, an interpreter
+        # that cannot run the script) is kept, to be quoted if it fails.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self._proc = subprocess.Popen(
             [python, str(_SERVER_SCRIPT), *warm_up],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr,
             text=True,
+            env=_server_env(os.environ if env is None else env),
             start_new_session=True,  # a terminal's Ctrl-C is not for it
         )
+        assert self._proc.stdin is not None
+        # Writes that cannot block: a stopped server must not hold a starting kernel (and the
+        # host's exit) for ever.
+        os.set_blocking(self._proc.stdin.fileno(), False)
         try:
             answer = self._read(start_timeout)
         except BaseException:
@@ -75,18 +94,43 @@ class _ForkServer:
         return self._proc.poll() is None
 
     def fork(self, request: Mapping[str, Any], timeout: float) -> int:
-        with self._lock:
-            stdin = self._proc.stdin
-            assert stdin is not None
-            try:
-                stdin.write(json.dumps(dict(request)) + "\n")
-                stdin.flush()
-            except (BrokenPipeError, OSError) as exc:
-                raise BackendUnavailable("the fork server is gone") from exc
-            answer = self._read(timeout)
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=max(timeout, 0)):
+            raise BackendUnavailable(f"the fork server was busy for {timeout:g} s")
+        try:
+            self._check_stopped()
+            self._write(json.dumps(dict(request)) + "\n", deadline)
+            answer = self._read(max(deadline - time.monotonic(), 0.001))
+        finally:
+            self._lock.release()
         if "pid" not in answer:
+            self._check_stopped()
             raise KernelStartFailed(f"the fork server could not fork: {answer.get('error')}")
         return int(answer["pid"])
+
+    def _check_stopped(self) -> None:
+        if self.stopped:
+            raise ServerStopped("the fork server was stopped (stop_fork_servers) meanwhile")
+
+    def _write(self, line: str, deadline: float) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        data = line.encode()
+        try:
+            fd = stdin.fileno()
+            while data:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [fd], [], left)[1]:
+                    self._proc.kill()  # half a request may be in its pipe: never used again
+                    raise BackendUnavailable(
+                        "the fork server did not take a request in time (stopped or stuck); "
+                        "it was ended, and the next kernel starts a new one"
+                    )
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data) :]
+        except (OSError, ValueError) as exc:
+            self._check_stopped()
+            raise BackendUnavailable("the fork server is gone") from exc
 
     def _read(self, timeout: float) -> dict[str, Any]:
         stdout: IO[str] | None = self._proc.stdout
@@ -97,7 +141,7 @@ class _ForkServer:
             self._proc.kill()  # a server that does not answer is broken: the next one is new
             raise BackendUnavailable(f"the fork server did not answer within {timeout:g} s")
         if not line:
-            return {"error": f"the fork server exited (status {self._proc.poll()})"}
+            return {"error": self._exited()}
         try:
             answer = json.loads(line)
         except ValueError:
@@ -121,8 +165,21 @@ class _ForkServer:
         finally:
             os.close(null)
 
+    def _exited(self) -> str:
+        """Why the server ended: its status, and the end of what it wrote (a traceback)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(1)  # it closed its answers: it is ending
+        text = f"the fork server exited (status {self._proc.poll()})"
+        with contextlib.suppress(OSError, ValueError):
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-2000:].decode(errors="replace").strip()
+            if tail:
+                text += f"; it wrote:\n{tail}"
+        return text
+
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
+        self.stopped = True
+        with contextlib.suppress(OSError, ValueError):
             if self._proc.stdin is not None:
                 self._proc.stdin.close()  # end of input: the server ends, its kernels follow
         try:
@@ -132,6 +189,11 @@ class _ForkServer:
             self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
+        self._stderr.close()
+
+
+class ServerStopped(BackendUnavailable):
+    """The server was stopped while a kernel was being asked of it: a new one is asked."""
 
 
 class _Line:
@@ -154,20 +216,56 @@ class _Line:
         self._done.set()
 
 
-_servers: dict[tuple[str, tuple[str, ...]], _ForkServer] = {}
+# Read by the interpreter (or the dynamic loader) as it starts, so they are the server's, not
+# settable in a forked kernel: a kernel whose environment sets them otherwise gets a server of
+# its own. Those a kernel can take on after the fork (TZ, PATH, BLAS thread counts) are not here.
+_START_NAMES = ("LC_ALL", "LC_CTYPE", "LANG", "LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES")
+# Thread pools a library would start at import (BLAS, OpenMP): one thread in the server, whatever
+# the host's environment says, so none is running when it forks (a kernel's own setting then
+# applies to what it imports itself).
+_SINGLE_THREADED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+ServerKey = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
+
+
+def _start_vars(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        sorted((k, v) for k, v in env.items() if k.startswith("PYTHON") or k in _START_NAMES)
+    )
+
+
+def _server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The host's environment with the interpreter-start variables of ``env`` instead."""
+    base = {k: v for k, v in os.environ.items() if not _start_vars({k: v})}
+    return {**base, **dict(_start_vars(env)), **dict.fromkeys(_SINGLE_THREADED, "1")}
+
+
+def server_key(
+    python: str, warm_up: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> ServerKey:
+    """Which server a kernel comes from: one per interpreter, warm-up list and start variables."""
+    return python, warm_up, _start_vars(os.environ if env is None else env)
+
+
+_servers: dict[ServerKey, _ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-def _server(python: str, warm_up: tuple[str, ...], timeout: float) -> _ForkServer:
+def _server(
+    python: str,
+    warm_up: tuple[str, ...],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> _ForkServer:
     with _servers_lock:
-        key = (python, warm_up)
+        key = server_key(python, warm_up, env)
         server = _servers.get(key)
         if server is not None and not server.alive:
             _log.warning("the fork server (pid %s) died; starting a new one", server.pid)
             server.stop()
             server = None
         if server is None:
-            server = _servers[key] = _ForkServer(python, warm_up, timeout)
+            server = _servers[key] = _ForkServer(python, warm_up, timeout, env)
         return server
 
 
@@ -258,44 +356,67 @@ class ForkKernel(KernelBackend):
         return self._pid
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        _check_env(env)
         self._work_dir, self._env = work_dir, dict(env)
         await self._launch(timeout)
 
     async def _launch(self, timeout: float) -> None:
         try:
-            await self._fork_and_connect(timeout)
+            await self._fork_and_connect(time.monotonic() + timeout)
         except BaseException:
             await self._stop(polite=False)  # nothing half-started is left behind
             raise
 
-    async def _fork_and_connect(self, timeout: float) -> None:
-        server = await asyncio.to_thread(_server, self.python, self.warm_up, max(timeout, 30))
-        self._server_pid = server.pid
-        request = self._request()
-        self._pid = await asyncio.to_thread(server.fork, request, timeout)
+    async def _fork_and_connect(self, deadline: float) -> None:
+        request = await self._fork(deadline)
         self._kc = kc = AsyncKernelClient(connection_file=request["connection_file"])
         self._tracker = BlockTracker(kc, self)
         kc.load_connection_file()
-        deadline = time.monotonic() + timeout
         try:
             await wait_bound(_socket_files(kc), deadline, self._running)
             start_channels(kc)
             await wait_ready(kc, deadline, self._running)
         except NotReady as exc:
-            detail = "it exited" if exc.died else f"no answer within {timeout:g} s"
+            detail = "it exited" if exc.died else "no answer within the start timeout"
             log = self._log_tail()
             detail += f"; its log ends:\n{log}" if log else ""
             raise KernelStartFailed(f"the forked kernel did not start: {detail}") from exc
+
+    async def _fork(self, deadline: float) -> dict[str, Any]:
+        """Ask this process's server for its interpreter, warm-up list and start variables for
+        a kernel; the request made. A server stopped while it was asked may have forked the
+        request's kernel before it ended: a new server gets a new request."""
+        for attempt in (1, 2):
+            request = self._request()
+            left = max(deadline - time.monotonic(), 0.001)
+            server = await _in_thread(_server, self.python, self.warm_up, left, self._env)
+            self._server_pid = server.pid
+            try:
+                self._pid = await _in_thread(server.fork, request, left)
+                return request
+            except ServerStopped:
+                if attempt == 2:
+                    raise
+                await self._stop(polite=False)
+        raise AssertionError("unreachable")
 
     def _request(self) -> dict[str, Any]:
         # IPC sockets in a private folder, as for a local kernel: no TCP port, no other user.
         self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
         connection_file = os.path.join(self._dir, "kernel.json")
         write_connection_file(connection_file, transport="ipc", ip=os.path.join(self._dir, "k"))
+        # The environment goes in a file of the private folder that the kernel reads and
+        # deletes: were it in the request, its text (a token, a key) would stay in the server's
+        # freed memory and be copied into every kernel forked after.
+        env_file = os.path.join(self._dir, "env.json")
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self._env, f)
         return {
             "connection_file": connection_file,
             "cwd": str(self._work_dir),
-            "env": self._env,
+            "env_file": env_file,
+            "env": self._env,  # TEMPORARY until the server reads env_file
             "log": os.path.join(self._dir, "kernel.log"),
             "status": os.path.join(self._dir, "exit-status"),
             "cgroup": self._cgroup_procs(),
@@ -391,10 +512,48 @@ class ForkKernel(KernelBackend):
                     os.killpg(pid, signal.SIGKILL)
             jail, self._jail = self._jail, None
             if jail is not None:  # and whatever left the group, from the cgroup
-                await asyncio.to_thread(jail.close)
+                await _in_thread(jail.close)
             folder, self._dir = self._dir, None
             if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+                await _in_thread(_remove_folder, folder, pid is not None)
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    """What a process environment cannot hold, refused as ``subprocess`` refuses it for a local
+    kernel, before any server is asked (the forked child would fail, further from the cause)."""
+    for name, value in env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"environment variables are strings: {name!r}={value!r}")
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"illegal environment variable name: {name!r}")
+        if "\0" in value:
+            raise ValueError(f"environment variable {name!r} holds a NUL character")
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread; here, when the interpreter is exiting and starts no
+    more threads (an executor closed by its finalizer at exit must still clean up)."""
+    loop = asyncio.get_running_loop()
+    try:
+        future = loop.run_in_executor(None, functools.partial(fn, *args))
+    except RuntimeError:  # "cannot schedule new futures after shutdown"
+        return fn(*args)
+    return await future
+
+
+def _remove_folder(folder: str, killed: bool) -> None:
+    """The kernel's private folder. When its kernel was just killed, the server's reaper writes
+    the exit status into it a moment later: that is waited for (briefly), so a file written
+    after the removal cannot leave the folder behind."""
+    status = os.path.join(folder, "exit-status")
+    deadline = time.monotonic() + (1.0 if killed else 0.0)
+    while not os.path.exists(status) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for _ in range(3):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.exists(folder):
+            return
+        time.sleep(0.01)
 
 
 def _socket_files(kc: AsyncKernelClient) -> list[str]:
