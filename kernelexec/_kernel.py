@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import inspect
+import logging
 import os
 import queue
 import re
@@ -27,6 +28,8 @@ from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResul
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
 from .backends.local_kernel import LocalKernel
+
+_log = logging.getLogger("kernelexec")
 
 InputCallback = Callable[[str], "str | Awaitable[str]"]
 """Answers ``input()`` in a block: gets the prompt, returns the line typed."""
@@ -506,7 +509,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             on_output=self._emit,
             outputs_dir=self.options.outputs_dir,
         )
-        run = await _BlockRun(self, code, collector, timeout).wait()
+        block_run = _BlockRun(self, code, collector, timeout)
+        try:
+            run = await block_run.wait()
+        except asyncio.CancelledError:
+            # The caller gave up on the block (``asyncio.wait_for``, a cancelled task): it must
+            # not run on in the kernel, where the next block would queue behind it and be
+            # charged its time. It is stopped as a timeout stops it; the kernel's state is kept.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(block_run.abandon())
+            raise
         return await self._conclude(block, collector, run, timeout)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -660,6 +672,28 @@ class _BlockRun:
                     # A failed channel (e.g. a gateway socket that could not come back) also
                     # reaches the iopub pump, which reports it; mark this copy as seen.
                     task.exception()
+
+    async def abandon(self) -> None:
+        """After the caller cancelled ``wait``: interrupt the block at once and follow it to its
+        end. Until its ``idle``, ipykernel would abort a request that comes in (it drops what
+        arrives while it handles an error), so the next block would fail with an empty error;
+        a block that ignores the interrupt gets the kernel replaced, as at a timeout."""
+        if not self._msg_id:
+            return
+        self._timeout = 0.0
+        reply = asyncio.ensure_future(_reply_for(self._backend, self._msg_id))
+        try:
+            ending = await self._pump(reply)
+        finally:
+            reply.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reply
+        if ending is _Ending.STUCK:
+            _log.warning(
+                "a cancelled block did not stop when interrupted: the kernel was restarted, and "
+                "its variables and imports were lost"
+            )
+            await self._ex._replace_kernel()
 
     async def _pump(self, reply: asyncio.Future[dict[str, Any]]) -> _Ending:
         loop = asyncio.get_running_loop()

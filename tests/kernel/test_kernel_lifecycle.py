@@ -22,6 +22,7 @@ from kernelexec import (
     KernelExecutor,
     KernelStartFailed,
     LocalKernel,
+    make_async_executor,
 )
 
 
@@ -238,6 +239,30 @@ def test_async_context_manager_and_interrupt(tmp_path: Path) -> None:
         assert ex.closed
         with pytest.raises(ExecutorClosed):
             await ex.execute("1")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["kernel", "fork-kernel"])
+def test_a_cancelled_block_is_stopped_and_the_next_one_runs_at_once(
+    tmp_path: Path, name: str
+) -> None:
+    """``asyncio.wait_for(ex.execute(...), 1)``: the block ran on in the kernel, and the next
+    block queued behind it until its own timeout ("ran longer than 10 s"); interrupted without
+    waiting, the next block met ipykernel's abort of requests that arrive while it handles the
+    interrupt (an empty "Error"). The cancelled block is stopped and followed to its end."""
+
+    async def main() -> None:
+        async with make_async_executor(name, work_dir=tmp_path, timeout=10) as ex:
+            await ex.execute("kept = 7")
+            started = time.monotonic()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(ex.execute("import time; time.sleep(60)"), 1)
+            assert time.monotonic() - started < 9
+            r = await ex.execute("kept + 1")
+            assert (r.ok, r.output) == (True, "8"), r
+            r = await ex.execute("print('after'); kept")
+            assert r.output == "after\n7", r.output
 
     asyncio.run(main())
 
