@@ -1,12 +1,14 @@
 """The fork server: imports ipykernel (and a warm-up list) once, then forks a kernel per request.
 
-Run as a script (``python _fork_server.py [module ...]``), never imported by kernelexec: it must
-stay free of threads and network sockets so a fork is safe, and it imports nothing of kernelexec.
+Run as a script (``python _fork_server.py [module ...]``; kernelexec imports it only for its
+constants): it must stay free of threads and network sockets so a fork is safe, and it imports
+nothing of kernelexec (its own folder is taken off ``sys.path`` before the warm-up imports).
 
 Protocol, one JSON document per line, on the stdin and stdout it was started with (the answers
 through a copy of stdout, so nothing else the server's process prints can reach them): the server
 answers its start with ``{"ready": pid}`` or ``{"error": text}``; each request
-``{"connection_file", "cwd", "env", "log"}`` gets ``{"pid": n}`` (or ``{"error": text}``). End of
+``{"connection_file", "cwd", "env_file", "log"}`` (``"env"``, the environment itself, instead of
+``"env_file"`` from an older host) gets ``{"pid": n}`` (or ``{"error": text}``). End of
 input ends the server; kernels it forked watch it (ipykernel's parent poller) and end with it, so
 nothing outlives the process that started the server.
 """
@@ -14,8 +16,9 @@ nothing outlives the process that started the server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
-import importlib
+import importlib.util
 import json
 import os
 import select
@@ -24,6 +27,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import CodeType
 from typing import Any
@@ -63,6 +67,28 @@ KERNEL_ARGS = ["--HistoryManager.hist_file=:memory:"]
 # Thread pools a library would start at import (BLAS, OpenMP): one thread, so none is running
 # when the server forks. Kernels forked from it keep single-threaded BLAS.
 SINGLE_THREADED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+# The descriptors the server itself opened and keeps (beyond 0, 1 and 2, which a child points
+# elsewhere): its answers to the host, its end of a spare's socket. A child closes these and
+# only these: a file a warm-up module opened as it was imported stays open in every kernel, as
+# in a cold kernel that imported the module (closing every descriptor above 2 let zmq reuse its
+# number, and the module's file then read zmq's eventfd).
+_own_fds: set[int] = set()
+
+
+def _close_own_fds() -> None:
+    """In a forked child: the server's descriptors closed, and forgotten (a number closed here
+    may be reused by the child, which must not close it again)."""
+    for fd in _own_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _own_fds.clear()
+
+
+def _close_own(fd: int) -> None:
+    """In the server: one of its descriptors closed."""
+    _own_fds.discard(fd)
+    os.close(fd)
 
 
 def _answer(out: Any, **document: Any) -> None:
@@ -453,17 +479,17 @@ def _kernel(request: dict[str, Any]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked while forking
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)  # never the server's protocol pipe: a kernel writes to its log only
-        os.dup2(log, 2)
-        os.closerange(3, 256)  # the pipes to the host are the server's, not the kernel's
-        prepared = _uses_prepared(request["env"])
+        _own_streams(request["log"])
+        _close_own_fds()  # the pipes to the host are the server's, not the kernel's
+        env = _request_env(request)
+        prepared = _uses_prepared(env)
         joined = _join_cgroup(request.get("cgroup"), prepared=prepared)
         os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(env)
+        time.tzset()  # the C library read TZ when the server started; this kernel's TZ decides
+        _reseed()
+        _as_launched(request["connection_file"])
         _reset_matplotlib()
         _launch(request["connection_file"], request.get("setup"), prepared, joined)
         code = 0
@@ -477,6 +503,67 @@ def _kernel(request: dict[str, Any]) -> None:
             sys.__stderr__.flush()
     finally:
         os._exit(code)
+
+
+def _own_streams(log_path: str) -> None:
+    """The child's fds 0, 1 and 2, as a local kernel's: stdin and stdout /dev/null (never the
+    server's protocol pipe; and what ipykernel echoes of a block's fd output, a flood of it,
+    must not fill a disk), stderr the kernel's log, whose end the host quotes when a start
+    fails."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(log, 2)
+    for fd in {log, null} - {0, 1, 2}:
+        os.close(fd)
+
+
+def _request_env(request: dict[str, Any]) -> dict[str, str]:
+    """The kernel's environment, from the file the host wrote for it: read and deleted here, in
+    the kernel, so the server never holds its text (a token, a key), which would stay in the
+    server's freed memory and be copied into every kernel forked after. An older host sends
+    the environment in the request itself."""
+    path = request.get("env_file")
+    if path is None:
+        return dict(request["env"])
+    try:
+        with open(path, encoding="utf-8") as f:
+            env: dict[str, str] = json.load(f)
+    finally:
+        os.unlink(path)  # read or not: it is no one else's to read
+    return env
+
+
+def _reseed() -> None:
+    """Seeds a forked kernel must not share with its siblings. numpy's legacy global generator
+    (``np.random.rand``...) was seeded from OS entropy once, when the server imported
+    ``numpy.random``: every kernel would draw the same numbers. (Python's ``random`` reseeds
+    itself in a forked child; ``tempfile`` checks its pid before naming a file; ``uuid.uuid4``
+    and ``secrets`` read the OS's entropy on each call. The string hash seed is fixed when the
+    interpreter starts: every forked kernel has the server's, and nothing can change it.)"""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        with contextlib.suppress(Exception):  # a seed is not worth a kernel
+            numpy_random.seed()
+
+
+def _as_launched(connection_file: str) -> None:
+    """``sys.argv`` (and ``sys.orig_argv``) as a cold kernel, ``python -m ipykernel_launcher
+    -f FILE ...``, has them: code that reads its command line sees a kernel's, not the
+    server's. (``sys.path`` needs nothing: the server took its own folder off it, and IPython
+    inserts '', the kernel's folder, as the kernel starts, as in a cold kernel, whose launcher
+    removes the folder ``python -m`` put first.)"""
+    args = ["-f", connection_file, *KERNEL_ARGS]
+    sys.argv = [_launcher_file(), *args]
+    sys.orig_argv = [*sys.orig_argv[:1], "-m", "ipykernel_launcher", *args]
+
+
+@functools.cache
+def _launcher_file() -> str:
+    """ipykernel_launcher's file (looked up once, in the server)."""
+    spec = importlib.util.find_spec("ipykernel_launcher")
+    return spec.origin if spec is not None and spec.origin else "ipykernel_launcher"
 
 
 def _reset_matplotlib() -> None:
@@ -667,6 +754,7 @@ class _Spare:
             os.close(ours)
             _spare_waits(theirs)
         os.close(theirs)
+        _own_fds.add(ours)
         return _Spare(pid, ours)
 
     def give(self, request: dict[str, Any]) -> int | None:
@@ -682,14 +770,14 @@ class _Spare:
         except OSError:  # it died: nothing reads the socket
             pass
         finally:
-            os.close(self.sock)
+            _close_own(self.sock)
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)  # stopped or stuck: it must not start later
         return None
 
     def end(self) -> None:
         """The server ends: the spare sees its socket close and exits; reaped here."""
-        os.close(self.sock)
+        _close_own(self.sock)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
@@ -720,8 +808,8 @@ def _spare_waits(sock: int) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)  # the server's protocol pipes stay the server's alone
         os.dup2(null, 1)
-        os.closerange(3, sock)
-        os.closerange(sock + 1, 256)
+        os.close(null)
+        _close_own_fds()
         _rehearse()
         held = b""
         while not held.endswith(b"\n"):
@@ -784,6 +872,7 @@ def serve(modules: list[str], inp: Any, out: Any) -> int:
     if problem is not None:
         _answer(out, error=problem)
         return 1
+    _launcher_file()  # looked up here once, not in each kernel
     # Objects the server made stay put: the collector would otherwise touch (and so copy)
     # their pages in every forked kernel.
     _list_module_files()
@@ -831,12 +920,24 @@ def _start_kernel(line: bytes, spare: _Spare | None, reaper: _Reaper) -> dict[st
 
 def _protocol_out() -> Any:
     """The host's answers get a descriptor of their own; fd 1 (``print``, C code) then goes
-    where fd 2 goes (the host gives the server none): a warm-up module that prints as it is
+    where fd 2 goes (the server's stderr, not its answers): a warm-up module that prints as it is
     imported (``this``, a library's banner) must not write into the answers."""
-    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    fd = os.dup(1)
+    _own_fds.add(fd)
+    out = os.fdopen(fd, "w", encoding="utf-8")
     os.dup2(2, 1)
     return out
 
 
+def _leave_script_folder() -> None:
+    """Python put this script's folder (kernelexec's backends) first on ``sys.path``: its
+    modules (``base``, ``sandboxed``...) would shadow a warm-up module of the same name and,
+    in every kernel, the user's own in the kernel's folder. The server imports nothing from it."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == here:
+        del sys.path[0]
+
+
 if __name__ == "__main__":
+    _leave_script_folder()
     sys.exit(serve(sys.argv[1:], sys.stdin, _protocol_out()))

@@ -416,7 +416,6 @@ class ForkKernel(KernelBackend):
             "connection_file": connection_file,
             "cwd": str(self._work_dir),
             "env_file": env_file,
-            "env": self._env,  # TEMPORARY until the server reads env_file
             "log": os.path.join(self._dir, "kernel.log"),
             "status": os.path.join(self._dir, "exit-status"),
             "cgroup": self._cgroup_procs(),

@@ -904,3 +904,33 @@ def test_a_killed_kernels_folder_is_removed_after_its_exit_status_is_written(
             folders.append(ex.backend._dir)  # type: ignore[attr-defined]
             ex.restart()
     assert not [f for f in folders if f is not None and os.path.exists(f)]
+
+
+def _memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether any readable mapping of process ``pid`` holds ``needle`` (a child of this one)."""
+    with open(f"/proc/{pid}/maps", encoding="ascii") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+        for line in maps:
+            fields = line.split()
+            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                if needle in mem.read(end - start):
+                    return True
+            except (OSError, OverflowError, ValueError):
+                continue
+    return False
+
+
+def test_a_kernels_environment_never_passes_through_the_server(tmp_path: Path) -> None:
+    """A kernel's environment (tokens, keys) was in its request: the server parsed it, and its
+    text stayed in the server's freed memory, copied into every kernel forked after. It now
+    reaches the kernel in a private file the kernel reads and deletes."""
+    secret = "kx-" + os.urandom(12).hex()
+    with make_executor("fork-kernel", work_dir=tmp_path, env={"KX_TOKEN": secret}) as ex:
+        assert ex.execute("import os; os.environ['KX_TOKEN']").output == repr(secret)
+        folder = Path(ex.backend._dir)  # type: ignore[attr-defined]
+        assert not (folder / "env.json").exists()  # read and deleted by the kernel
+        server = ex.backend._server_pid  # type: ignore[attr-defined]
+    assert not _memory_holds(server, secret.encode())
