@@ -483,6 +483,24 @@ class AsyncKernelExecutor(AsyncExecutor):
         if self._started:
             await self.backend.interrupt()
 
+    async def restart(self) -> None:
+        """A new kernel (all state is lost); a block running meanwhile (another task or thread)
+        is interrupted first rather than waited for."""
+        await self._stop_running_block()
+        await super().restart()
+
+    async def close(self) -> None:
+        """Shut the kernel down; a block running meanwhile (another task or thread) is
+        interrupted first rather than waited for (it returns its ``KeyboardInterrupt``)."""
+        await self._stop_running_block()
+        await super().close()
+
+    async def _stop_running_block(self) -> None:
+        # Only once the kernel is up: SIGINT to a kernel still starting could end it.
+        if self._lock.locked() and self._started and not self.closed:
+            with contextlib.suppress(Exception):
+                await self.interrupt()
+
     # -- AsyncExecutor hooks ---------------------------------------------------------------
     async def _start(self) -> None:
         await self.backend.start(

@@ -267,6 +267,37 @@ def test_a_cancelled_block_is_stopped_and_the_next_one_runs_at_once(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("action", ["close", "restart"])
+def test_close_or_restart_from_another_thread_interrupts_the_running_block(
+    tmp_path: Path, action: str
+) -> None:
+    """They waited for the running block to end (its whole timeout, for a long one)."""
+    sleeping = threading.Event()
+
+    def watch(output: dict[str, Any]) -> None:
+        if "sleeping" in output.get("text", ""):
+            sleeping.set()
+
+    ex = KernelExecutor(work_dir=tmp_path, timeout=60, on_output=watch)
+    results: list[Any] = []
+    code = "import time; print('sleeping', flush=True); time.sleep(60)"
+    runner = threading.Thread(target=lambda: results.append(ex.execute(code)))
+    runner.start()
+    try:
+        assert sleeping.wait(30)
+        started = time.monotonic()
+        getattr(ex, action)()
+        assert time.monotonic() - started < 30
+        runner.join(30)
+        (result,) = results
+        assert result.error is not None and result.error.ename == "KeyboardInterrupt"
+        if action == "restart":
+            assert ex.execute("1 + 1").output == "2"
+    finally:
+        ex.close()
+        runner.join(60)
+
+
 def test_owned_temp_work_dir_is_removed(tmp_path: Path) -> None:
     with KernelExecutor(timeout=30) as ex:
         work = ex.work_dir
