@@ -51,6 +51,7 @@ _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 #   longer write into such pieces, so no single message is huge: a 100 MB print reaches the
 #   host as bounded messages, never as one 100 MB message decoded at once.
 _STREAM_CHUNK = 256 * 1024
+_ECHO_LIMIT = 1024 * 1024  # bytes of fd 1 / fd 2 output a kernel also writes to its log
 _SETUP_CODE = f"""\
 def _kx_setup():
     import os, sys
@@ -236,9 +237,17 @@ def _kx_setup():
                     inside.on = False
             return data
 
+        echoed = [0]
+
         def echo(data):
+            # As ipykernel does, what was written to the fd also goes where the fd went before
+            # (the kernel's log: the last words of a crash are kept there), up to a bound: a
+            # block that floods the fd must not fill the log's disk.
+            room = {_ECHO_LIMIT} - echoed[0]
+            if room <= 0:
+                return
             try:
-                os.write(copy, data)
+                echoed[0] += os.write(copy, data[:room])
             except OSError:
                 pass
 

@@ -23,6 +23,7 @@ from kernelexec import (
     KernelStartFailed,
     LocalKernel,
     make_async_executor,
+    make_executor,
 )
 
 
@@ -296,6 +297,22 @@ def test_close_or_restart_from_another_thread_interrupts_the_running_block(
     finally:
         ex.close()
         runner.join(60)
+
+
+@pytest.mark.parametrize("name", ["kernel", "fork-kernel"])
+def test_a_flood_to_the_kernels_file_descriptors_does_not_fill_its_log(
+    tmp_path: Path, name: str
+) -> None:
+    """What reaches fd 2 (C code, child processes) is shown as stderr and, as ipykernel does,
+    also written where fd 2 went before: the kernel's log, which took all 30 MB."""
+    flood = "head -c 30000000 /dev/zero | tr '\\0' x >&2"
+    with make_executor(name, work_dir=tmp_path, timeout=60) as ex:
+        r = ex.execute(f"import subprocess; subprocess.run({flood!r}, shell=True); print('done')")
+        assert r.ok and "done" in r.stdout and "xxxx" in r.stderr
+        backend = ex.backend
+        folder = getattr(backend, "_dir", None) or getattr(backend, "_ipc_dir", None)
+        assert folder is not None
+        assert os.path.getsize(os.path.join(folder, "kernel.log")) <= 1024 * 1024 + 65536
 
 
 def test_owned_temp_work_dir_is_removed(tmp_path: Path) -> None:
