@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from jupyter_client.connect import write_connection_file
+from kx_fork import running, spare_of
 
 from kernelexec import KernelExecutor, make_executor
 from kernelexec.backends import fork_kernel
-from kernelexec.bench.memory import children_of
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +39,10 @@ def ex(work: Path) -> Iterator[KernelExecutor]:
         yield executor
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def _stop_servers(warm_up: Sequence[str]) -> None:
     """End this module's servers of ``warm_up`` (whatever else the server key holds)."""
     for key in [k for k in fork_kernel._servers if k[1] == tuple(warm_up)]:
         fork_kernel._servers.pop(key).stop()
-
-
-def _spare_of(server: int, kernels: set[int], seconds: float = 10) -> int:
-    """The server's one child that is not a kernel: the process the next kernel becomes."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        spares = {p for p in children_of(server) if _running(p)} - kernels
-        if len(spares) == 1:
-            return spares.pop()
-        time.sleep(0.02)
-    raise AssertionError(f"no single spare: children {children_of(server)}, kernels {kernels}")
 
 
 def _pid(ex: KernelExecutor) -> int:
@@ -153,10 +134,10 @@ def test_a_file_a_warm_up_module_opened_stays_its_own(
         a = kernel("a")
         first = _pid(a)
         server = int(a.execute("os.getppid()").output)
-        spare = _spare_of(server, {first})
+        spare = spare_of(server, {first})
         b = kernel("b")  # the spare becomes it
         assert _pid(b) == spare
-        os.kill(_spare_of(server, {first, spare}), signal.SIGKILL)
+        os.kill(spare_of(server, {first, spare}), signal.SIGKILL)
         c = kernel("c")  # the next spare is dead: a fresh fork
         assert _pid(c) not in {first, spare}
         assert [ex.execute(code).output.strip() for ex in made] == ["True True"] * 3
@@ -246,7 +227,7 @@ def _appears(path: Path, pid: int, seconds: float = 30) -> str | None:
     while time.monotonic() < deadline:
         if path.exists() and path.read_text():
             return path.read_text()
-        if not _running(pid):
+        if not running(pid):
             return path.read_text() if path.exists() else None
         time.sleep(0.02)
     return None

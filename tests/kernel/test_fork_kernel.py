@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kx_fork import gone_within, spare_of
 
 from kernelexec import (
     AsyncKernelPool,
@@ -28,24 +29,6 @@ from kernelexec import (
     stop_fork_servers,
 )
 from kernelexec.backends import fork_kernel
-from kernelexec.bench.memory import children_of
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _gone_within(pid: int, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not _running(pid):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -222,12 +205,12 @@ def test_restart_loses_state_and_close_ends_the_kernel_and_its_children(
     ex.execute("x = 1")
     first = ex.backend.pid  # type: ignore[attr-defined]
     ex.restart()
-    assert _gone_within(first)
+    assert gone_within(first)
     assert ex.execute("'x' in dir()").output == "False"
     child = ex.execute("import subprocess; p = subprocess.Popen(['sleep', '300']); p.pid")
     kernel = ex.backend.pid  # type: ignore[attr-defined]
     ex.close()
-    assert _gone_within(kernel) and _gone_within(int(child.output))
+    assert gone_within(kernel) and gone_within(int(child.output))
 
 
 def test_executors_share_one_server(tmp_path: Path) -> None:
@@ -248,9 +231,9 @@ def test_a_dead_server_is_replaced_with_a_log_line(
     with make_executor("fork-kernel", work_dir=tmp_path / "a") as a:
         server = int(a.execute("import os; os.getppid()").output)
         os.kill(server, signal.SIGKILL)
-        assert _gone_within(server)
+        assert gone_within(server)
         # its kernels watch it (ipykernel's parent poller) and end with it
-        assert _gone_within(a.backend.pid, 15)  # type: ignore[attr-defined]
+        assert gone_within(a.backend.pid, 15)  # type: ignore[attr-defined]
     with (
         caplog.at_level(logging.WARNING, logger="kernelexec"),
         make_executor("fork-kernel", work_dir=tmp_path / "b") as b,
@@ -321,7 +304,7 @@ def test_a_server_that_answers_garbage_is_an_error_and_is_not_left_running(
     with pytest.raises(BackendUnavailable, match="answered 'hello"):
         fork_kernel._ForkServer(str(fake), (), 30)
     pid = int((tmp_path / "pid").read_text())
-    assert _gone_within(pid)
+    assert gone_within(pid)
 
 
 def test_warm_up_modules_are_there_before_the_first_block(tmp_path: Path) -> None:
@@ -354,7 +337,7 @@ def test_a_pool_hands_out_no_kernel_that_died_while_idle(tmp_path: Path) -> None
             await pool.wait_ready(60)
             pids = [ex.backend.inner.pid for ex in pool._idle]  # type: ignore[attr-defined]
             stop_fork_servers()
-            assert all(_gone_within(pid, 15) for pid in pids)
+            assert all(gone_within(pid, 15) for pid in pids)
             a = await pool.acquire()
             assert (await a.execute("1 + 1")).output == "2"
             await a.close()
@@ -367,7 +350,7 @@ def test_stop_fork_servers_ends_servers_and_their_kernels(tmp_path: Path) -> Non
     kernel = int(ex.execute("import os; os.getpid()").output)
     server = int(ex.execute("os.getppid()").output)
     stop_fork_servers()
-    assert _gone_within(server) and _gone_within(kernel, 15)
+    assert gone_within(server) and gone_within(kernel, 15)
     ex.close()
 
 
@@ -382,7 +365,7 @@ def test_nothing_survives_the_host(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     kernel, server, host = (int(x) for x in out.stdout.split())
-    assert _gone_within(server, 15) and _gone_within(kernel, 15)
+    assert gone_within(server, 15) and gone_within(kernel, 15)
     gc = subprocess.run(
         [sys.executable, "-m", "kernelexec", "gc"], capture_output=True, text=True, timeout=120
     )
@@ -453,7 +436,7 @@ def test_the_bench_reads_an_idle_forked_kernels_own_memory_before_close(tmp_path
     session.close()
     uss = session.metrics()["kernel_uss_mib"]
     assert 1 < uss < 40, uss  # what only this kernel holds: a cold kernel alone is ~50 MiB
-    assert _gone_within(pid)
+    assert gone_within(pid)
 
 
 def test_a_kernel_asking_for_a_different_shell_gets_a_new_one() -> None:
@@ -611,17 +594,6 @@ def test_a_process_a_startup_file_starts_is_inside_the_kernels_cgroup(
     assert not _marked(marker), "a process started by a startup file outlived close()"
 
 
-def _spare_of(server: int, kernels: set[int], seconds: float = 10) -> int:
-    """The server's one child that is not a kernel: the process the next kernel becomes."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        spares = {p for p in children_of(server) if _running(p)} - kernels
-        if len(spares) == 1:
-            return spares.pop()
-        time.sleep(0.02)
-    raise AssertionError(f"no single spare: children {children_of(server)}, kernels {kernels}")
-
-
 def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path: Path) -> None:
     """An idle server forks the next kernel's process ahead (a fork of the warm server is
     about 6.5 ms of a start): the next kernel is that process; a spare killed meanwhile costs
@@ -633,22 +605,22 @@ def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path:
     try:
         first = int(a.execute("import os; os.getpid()").output)
         server = int(a.execute("os.getppid()").output)
-        spare = _spare_of(server, {first})
+        spare = spare_of(server, {first})
         assert Path(f"/proc/{spare}/comm").read_text().strip() == "kx-fork-spare"
         b = make_executor("fork-kernel", work_dir=tmp_path / "b", timeout=30, warm_up=warm_up)
         assert b.execute("import os; os.getpid()").output == str(spare)
         assert b.execute("x = 2; x * 21").output == "42"
-        os.kill(_spare_of(server, {first, spare}), signal.SIGKILL)  # the next spare dies
+        os.kill(spare_of(server, {first, spare}), signal.SIGKILL)  # the next spare dies
         c = make_executor("fork-kernel", work_dir=tmp_path / "c", timeout=30, warm_up=warm_up)
         assert c.execute("1 + 1").output == "2"
         third = c.backend.pid  # type: ignore[attr-defined]
-        last = _spare_of(server, {first, spare, third})
+        last = spare_of(server, {first, spare, third})
     finally:
         for ex in (a, b, c):
             if ex is not None:
                 ex.close()
         fork_kernel._servers.pop(key).stop()
-    assert _gone_within(server) and _gone_within(last)
+    assert gone_within(server) and gone_within(last)
     assert not os.path.exists(f"/proc/{last}"), "the spare was not reaped"
 
 
@@ -665,7 +637,7 @@ def test_a_spare_that_dies_with_the_request_unread_is_replaced_by_a_fresh_fork(
     try:
         first = int(a.execute("import os; os.getpid()").output)
         server = int(a.execute("os.getppid()").output)
-        spare = _spare_of(server, {first})
+        spare = spare_of(server, {first})
         os.kill(spare, signal.SIGSTOP)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             answer = pool.submit(c.execute, "import os; os.getpid()")
@@ -728,7 +700,7 @@ def test_a_kernel_from_a_spare_shows_nothing_of_its_rehearsal(tmp_path: Path) ->
     b = None
     try:
         first = int(a.execute("import os; os.getpid()").output)
-        spare = _spare_of(int(a.execute("os.getppid()").output), {first})
+        spare = spare_of(int(a.execute("os.getppid()").output), {first})
         b = make_executor("fork-kernel", work_dir=tmp_path / "b", timeout=30, warm_up=warm_up)
         seen = [b.execute(block).output for block in blocks]
         assert b.backend.pid == spare  # type: ignore[attr-defined]
@@ -831,7 +803,7 @@ def test_a_stopped_server_fails_a_start_in_its_timeout_and_is_replaced(tmp_path:
         ):
             pass
         assert time.monotonic() - started < 30
-        assert _gone_within(server)
+        assert gone_within(server)
         with make_executor("fork-kernel", work_dir=tmp_path / "c", warm_up=warm_up) as after:
             assert int(after.execute("import os; os.getppid()").output) != server
     fork_kernel._servers.pop(fork_kernel.server_key(sys.executable, warm_up)).stop()
