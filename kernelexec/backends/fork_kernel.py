@@ -47,6 +47,9 @@ from .local_kernel import BlockTracker, log_end
 _log = logging.getLogger("kernelexec")
 T = TypeVar("T")
 _SERVER_SCRIPT = Path(__file__).with_name("_fork_server.py")
+# The least time a server gets to take a request and answer it: a fork takes milliseconds, but
+# a spare that does not take the request is waited for (``_fork_server.HANDOVER_WAIT``, 5 s).
+_ANSWER_WAIT = 10.0
 _SHUTDOWN_WAIT = 1.0  # seconds a kernel gets to exit after a shutdown request, then it is killed
 
 
@@ -99,6 +102,9 @@ class _ForkServer:
             raise BackendUnavailable(f"the fork server was busy for {timeout:g} s")
         try:
             self._check_stopped()
+            # A server that takes longer than this is ended (it is shared: it must be stuck,
+            # not just late for a start whose time went on waiting for the lock).
+            deadline = max(deadline, time.monotonic() + _ANSWER_WAIT)
             self._write(json.dumps(dict(request)) + "\n", deadline)
             answer = self._read(max(deadline - time.monotonic(), 0.001))
         finally:

@@ -906,3 +906,28 @@ def test_a_kernels_environment_never_passes_through_the_server(tmp_path: Path) -
         assert not (folder / "env.json").exists()  # read and deleted by the kernel
         server = ex.backend._server_pid  # type: ignore[attr-defined]
     assert not _memory_holds(server, secret.encode())
+
+
+def test_a_start_that_waited_for_the_server_still_gives_it_time_to_answer() -> None:
+    """Starts share a server and take turns; one whose time went on waiting for its turn gave
+    the server what was left (a millisecond, say) to answer, and then ended it as stuck, and
+    with it every kernel of the server. The server always gets its own few seconds."""
+    server = fork_kernel._ForkServer(sys.executable, ("numbers", "fractions"), 60)
+    given: list[float] = []
+
+    def write(line: str, deadline: float) -> None:
+        given.append(deadline - time.monotonic())
+        raise BackendUnavailable("stop here: the deadline is what this test checks")
+
+    server._write = write  # type: ignore[method-assign]
+    try:
+        with server._lock:
+            turn = concurrent.futures.ThreadPoolExecutor(1)
+            waiting = turn.submit(server.fork, {}, 1.5)
+            time.sleep(1.2)  # most of that start's time goes on waiting for its turn
+        with pytest.raises(BackendUnavailable, match="stop here"):
+            waiting.result(30)
+        turn.shutdown()
+        assert given and given[0] > 5
+    finally:
+        server.stop()
