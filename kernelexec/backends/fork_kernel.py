@@ -69,15 +69,19 @@ class _ForkServer:
         # What the server writes before it answers (a warm-up module's traceback, an interpreter
         # that cannot run the script) is kept, to be quoted if it fails.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        self._proc = subprocess.Popen(
-            [python, str(_SERVER_SCRIPT), *warm_up],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env=_server_env(os.environ if env is None else env),
-            start_new_session=True,  # a terminal's Ctrl-C is not for it
-        )
+        try:
+            self._proc = subprocess.Popen(
+                [python, str(_SERVER_SCRIPT), *warm_up],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+                env=_server_env(os.environ if env is None else env),
+                start_new_session=True,  # a terminal's Ctrl-C is not for it
+            )
+        except BaseException:
+            self._stderr.close()
+            raise
         assert self._proc.stdin is not None
         # Writes that cannot block: a stopped server must not hold a starting kernel (and the
         # host's exit) for ever.
@@ -488,15 +492,7 @@ class ForkKernel(KernelBackend):
         await self._stop(polite=True)
 
     def _running(self) -> bool:
-        """Alive and not a zombie (the server reaps its children, but not instantly)."""
-        if self._pid is None:
-            return False
-        try:
-            with open(f"/proc/{self._pid}/stat", encoding="ascii") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in ("Z", "X")
+        return _alive(self._pid)
 
     async def _stop(self, *, polite: bool) -> None:
         kc, self._kc = self._kc, None
@@ -520,7 +516,9 @@ class ForkKernel(KernelBackend):
                 await _in_thread(jail.close)
             folder, self._dir = self._dir, None
             if folder is not None:
-                await _in_thread(_remove_folder, folder, pid is not None)
+                # A status is still to come only from a kernel just killed by a live server.
+                reaped = pid is not None and _alive(self._server_pid)
+                await _in_thread(_remove_folder, folder, reaped)
 
 
 def _check_env(env: Mapping[str, str]) -> None:
@@ -546,6 +544,18 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await future
 
 
+def _alive(pid: int | None) -> bool:
+    """Alive and not a zombie (the server reaps its children, but not instantly)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def _remove_folder(folder: str, killed: bool) -> None:
     """The kernel's private folder. When its kernel was just killed, the server's reaper writes
     the exit status into it a moment later: that is waited for (briefly), so a file written
@@ -569,8 +579,6 @@ def _socket_files(kc: AsyncKernelClient) -> list[str]:
 async def _wait_gone(pid: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):  # a zombie is gone too: its server may have ended before reaping it
             return
         await asyncio.sleep(0.01)
