@@ -689,16 +689,8 @@ class _BlockRun:
             return _Run(ending, reply.result() if reply.done() else None)
         finally:
             for task in (reply, stdin):
-                if task is None:
-                    continue
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                elif not task.cancelled():
-                    # A failed channel (e.g. a gateway socket that could not come back) also
-                    # reaches the iopub pump, which reports it; mark this copy as seen.
-                    task.exception()
+                if task is not None:
+                    await _settle(task)
 
     async def abandon(self) -> None:
         """After the caller cancelled ``wait``: interrupt the block at once and follow it to its
@@ -712,9 +704,7 @@ class _BlockRun:
         try:
             ending = await self._pump(reply)
         finally:
-            reply.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reply
+            await _settle(reply)
         if ending is _Ending.STUCK:
             _log.warning(
                 "a cancelled block did not stop when interrupted: the kernel was restarted, and "
@@ -784,6 +774,18 @@ class _BlockRun:
                 )
                 answer = ""
             self._client.input(str(answer))
+
+
+async def _settle(task: asyncio.Future[Any]) -> None:
+    """A helper task of a block, ended: cancelled if still running, its failure marked seen."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    elif not task.cancelled():
+        # A failed channel (e.g. a gateway socket that could not come back) also reaches the
+        # iopub pump, which reports it; mark this copy as seen.
+        task.exception()
 
 
 async def _reply_for(backend: KernelBackend, msg_id: str) -> dict[str, Any]:

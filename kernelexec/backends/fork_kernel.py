@@ -238,15 +238,17 @@ _SINGLE_THREADED = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 ServerKey = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
 
 
+def _read_at_start(name: str) -> bool:
+    return name.startswith("PYTHON") or name in _START_NAMES
+
+
 def _start_vars(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        sorted((k, v) for k, v in env.items() if k.startswith("PYTHON") or k in _START_NAMES)
-    )
+    return tuple(sorted((k, v) for k, v in env.items() if _read_at_start(k)))
 
 
 def _server_env(env: Mapping[str, str]) -> dict[str, str]:
     """The host's environment with the interpreter-start variables of ``env`` instead."""
-    base = {k: v for k, v in os.environ.items() if not _start_vars({k: v})}
+    base = {k: v for k, v in os.environ.items() if not _read_at_start(k)}
     return {**base, **dict(_start_vars(env)), **dict.fromkeys(_SINGLE_THREADED, "1")}
 
 
