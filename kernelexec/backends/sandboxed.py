@@ -2,9 +2,10 @@
 
 ``SandboxedCommand`` runs each block's process in a fresh sandbox; ``SandboxedKernel`` runs the
 kernel process in one for its whole life. Both get only the executor's own environment (no host
-secrets), see the host read-only, write only their work dir (and a kernel its runtime dir), have
-no network unless ``SandboxOptions(network=True)``, and have a pid namespace of their own: when
-the sandbox ends, every process a block started ends with it.
+secrets), see the host read-only (homes and runtime dirs hidden), write only their work dir (and
+a kernel its runtime folder), have no network unless ``SandboxOptions(network=True)``, have a pid
+namespace of their own (when the sandbox ends, every process a block started ends with it), and
+hold no host right: a root host's code runs as an unprivileged user with no capability.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from ._containment import Jail
-from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox
+from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
 from .local_kernel import LocalKernel
@@ -46,6 +47,7 @@ class SandboxedCommand(LocalCommand):
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> CommandOutcome:
+        give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
         wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env)
         return await super().run(
             wrapped,
@@ -85,9 +87,20 @@ class SandboxedKernel(LocalKernel):
         self.sandbox = sandbox or SandboxOptions()
         check_sandbox()
 
+    async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
+        await super().start(work_dir=work_dir, env=env, timeout=timeout)
+
     def _manager(self, jail: Jail) -> AsyncKernelManager:
         km = super()._manager(jail)
         assert self._work_dir is not None and self._ipc_dir is not None
+        # The runtime dir stays the host's (its log, the connection file: nothing the code can
+        # replace with a link); the kernel binds its sockets and keeps its files in "run", the
+        # one folder in it the sandbox's user may write.
+        os.chmod(self._ipc_dir, 0o711)
+        run = os.path.join(self._ipc_dir, "run")
+        os.mkdir(run, 0o700)
+        give_to_sandbox(run, self.sandbox)
         python = self.python or _kernelspec_python(self.kernel_name)
         inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         # Pid 1 of the sandbox is bwrap's reaper, not the kernel's parent: "1" tells ipykernel
@@ -96,21 +109,33 @@ class SandboxedKernel(LocalKernel):
         env = {**self._env, "JPY_PARENT_PID": "1"}
         # The kernel's own files (history database, matplotlib cache) live in its runtime dir,
         # not in the private /tmp a block can fill.
-        env.setdefault("IPYTHONDIR", os.path.join(self._ipc_dir, "ipython"))
-        env.setdefault("MPLCONFIGDIR", os.path.join(self._ipc_dir, "matplotlib"))
+        env.setdefault("IPYTHONDIR", os.path.join(run, "ipython"))
+        env.setdefault("MPLCONFIGDIR", os.path.join(run, "matplotlib"))
         argv = bwrap_argv(
             self.sandbox, inner, work_dir=self._work_dir, env=env, writable=[self._ipc_dir]
         )
         # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
-        sandboxed = AsyncKernelManager(
+        sandboxed = _SandboxedManager(
             kernel_name="kernelexec-sandboxed",
             kernel_spec_manager=_SandboxedSpecs(jail.wrap(argv)),
             transport="ipc",
-            ip=km.ip,
+            ip=os.path.join(run, "k"),
             connection_file=os.path.join(self._ipc_dir, "kernel.json"),
         )
+        sandboxed.sandbox = self.sandbox
         sandboxed.shutdown_wait_time = km.shutdown_wait_time
         return sandboxed
+
+
+class _SandboxedManager(AsyncKernelManager):
+    """Gives the connection file (0600, the host's) to the sandbox's user, who must read it."""
+
+    sandbox: SandboxOptions | None = None
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        super().write_connection_file(**kwargs)
+        if self.sandbox is not None:
+            give_to_sandbox(self.connection_file, self.sandbox)
 
 
 def _kernelspec_python(kernel_name: str) -> str:
