@@ -178,10 +178,14 @@ def _namespaces(options: SandboxOptions, root: bool) -> list[str]:
 def _drop_privileges(options: SandboxOptions) -> list[str]:
     """The command line prefix that runs the rest as the unprivileged host user."""
     uid, gid = str(options.host_uid), str(options.host_gid)
-    setpriv = shutil.which("setpriv")
+    setpriv = _setpriv()
     if setpriv is not None:
         return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
     return [sys.executable, "-I", "-S", "-c", _DROP, uid, gid]
+
+
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
 
 
 def _inner(bwrap: str, *, chdir: str) -> list[str]:

@@ -94,6 +94,24 @@ def test_mount_and_new_namespaces_are_refused(ex: Any) -> None:
     assert "ok" not in got, got
 
 
+def test_the_sandboxs_own_supervisors_cannot_be_traced(ex: Any) -> None:
+    """bwrap's processes above the code (root's, and the unprivileged user's outside the code's
+    user namespace) refuse ptrace: the code cannot borrow their rights or namespaces."""
+    got = facts(
+        ex,
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "out = {}\n"
+        "for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
+        "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode()\n"
+        "    if 'bwrap' not in cmd:\n        continue\n"
+        "    rc = libc.ptrace(16, pid, None, None)  # PTRACE_ATTACH\n"
+        "    out[pid] = 'ATTACHED' if rc == 0 else os.strerror(ctypes.get_errno())\n"
+        "print(json.dumps(out))\n",
+    )
+    assert got and "ATTACHED" not in got.values(), got
+
+
 def test_a_remount_then_a_host_write_reaches_nothing(ex: Any, token: str) -> None:
     """The attack as found: remount / read-write, then write the host's /var/tmp and /etc."""
     targets = [f"/var/tmp/{token}", f"/etc/{token}", f"/usr/{token}"]

@@ -7,6 +7,7 @@ Both back ends (``sandboxed-kernel``, ``sandboxed-command``) are driven through 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -184,3 +185,53 @@ def test_an_interpreter_under_tmp_stays_visible_read_only(tmp_path: Path) -> Non
     assert ["--ro-bind", str(venv), str(venv)] in pairs
     # after the private /tmp, or it would be hidden again
     assert argv.index(str(venv)) > argv.index("/tmp", argv.index("--tmpfs"))
+
+
+ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="the host runs as root here only")
+
+
+@ROOT_ONLY
+def test_without_setpriv_the_host_interpreter_drops_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """setpriv (util-linux) is missing on some hosts: the host's own interpreter becomes the
+    unprivileged user instead, with the same result."""
+    from kernelexec.backends import _sandbox
+
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    monkeypatch.setattr(_sandbox, "_setpriv", lambda: None)
+    code = (
+        "import os\n"
+        "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')]\n"
+        "print(os.getuid(), os.getgid(), caps[0].split()[1])\n"
+    )
+    with make_executor("sandboxed-command", work_dir=tmp_path, timeout=30) as ex:
+        assert "setpriv" not in " ".join(_sandbox._drop_privileges(_sandbox.SandboxOptions()))
+        assert run(ex, code) == "1000 1000 0000000000000000\n"
+        assert (tmp_path / ".kernelexec").stat().st_uid == 0  # kernelexec's own stays root's
+        assert tmp_path.stat().st_uid == _sandbox.NOBODY  # the work dir is the sandbox's
+
+
+def test_readable_shows_a_path_under_a_hidden_place(tmp_path: Path) -> None:
+    """Homes are hidden; ``readable=`` shows one folder of one, read-only."""
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    shared = Path("/home") / f"kx-readable-{os.getpid()}-{time.monotonic_ns()}"
+    (shared / "data").mkdir(parents=True)
+    (shared / "data" / "x.csv").write_text("1,2\n")
+    (shared / "secret").write_text("no")
+    try:
+        options = SandboxOptions(readable=[str(shared / "data")])
+        code = (
+            f"print(open({str(shared / 'data' / 'x.csv')!r}).read().strip())\n"
+            f"print(sorted(__import__('os').listdir({str(shared)!r})))\n"
+            f"try:\n    open({str(shared / 'data' / 'y')!r}, 'w')\n"
+            "except OSError as e:\n    print(e.strerror)\n"
+        )
+        with make_executor(
+            "sandboxed-command", work_dir=tmp_path, timeout=30, sandbox=options
+        ) as ex:
+            assert run(ex, code) == "1,2\n['data']\nRead-only file system\n"
+    finally:
+        shutil.rmtree(shared)
