@@ -110,9 +110,15 @@ def give_to_sandbox(
     if not host_is_root():
         return
     for place in [os.fspath(path), *(os.path.expanduser(p) for p in also)]:
-        st = os.stat(place)
-        if (st.st_uid, st.st_gid) != (options.host_uid, options.host_gid):
-            os.chown(place, options.host_uid, options.host_gid)
+        try:
+            st = os.stat(place)
+            if (st.st_uid, st.st_gid) != (options.host_uid, options.host_gid):
+                os.chown(place, options.host_uid, options.host_gid)
+        except OSError as exc:  # a file system without owners (vfat), root squashed (NFS)
+            raise BackendUnavailable(
+                f"cannot give {place} to the sandbox's user {options.host_uid}: "
+                f"{exc.strerror or exc}"
+            ) from exc
 
 
 def bwrap_argv(

@@ -235,3 +235,39 @@ def test_readable_shows_a_path_under_a_hidden_place(tmp_path: Path) -> None:
             assert run(ex, code) == "1,2\n['data']\nRead-only file system\n"
     finally:
         shutil.rmtree(shared)
+
+
+@ROOT_ONLY
+def test_a_work_dir_the_sandbox_cannot_own_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file system without owners (vfat) or a root-squashed NFS refuses the chown (mocked
+    here): the back end says so, in kernelexec's own terms."""
+    from kernelexec.backends import _sandbox
+
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(_sandbox.os, "chown", refuse)
+    with pytest.raises(BackendUnavailable, match=r"cannot give .* to the sandbox's user 65534"):
+        _sandbox.give_to_sandbox(tmp_path, SandboxOptions())
+
+
+def test_a_host_not_root_runs_one_bwrap_as_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Not root, the host has no right to drop: one bwrap, in a user namespace where bwrap can
+    make one (the sandbox's uid is the host user's, so bwrap keeps no capability)."""
+    from kernelexec.backends import _sandbox
+
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    monkeypatch.setattr(_sandbox, "host_is_root", lambda: False)
+    argv = _sandbox.bwrap_argv(SandboxOptions(), ["python", "x.py"], work_dir=tmp_path, env={})
+    assert argv.count(argv[0]) == 1 and "--unshare-all" in argv
+    assert not any("setpriv" in a for a in argv) and argv[-2:] == ["python", "x.py"]
+    for hidden in ("/root", "/run"):
+        assert argv[argv.index(hidden) - 1] == "--tmpfs"
