@@ -42,9 +42,10 @@ DEFAULT_HIDE = (
     "~/.pypirc",
 )
 #: Hidden whatever ``hide`` says: every user's home (secrets under permissive modes are common
-#: there) and the runtime dirs, where engine and daemon sockets live (docker.sock, containerd,
-#: dbus). The interpreter and the work dir are bound back when they live under one of them.
-ALWAYS_HIDE = ("/root", "/home", "/run", "/var/run")
+#: there), the runtime dirs, where engine and daemon sockets live (docker.sock, containerd,
+#: dbus), and the host's cgroup tree (it names the host's containers and lists the pids of
+#: other jails). The interpreter and the work dir are bound back when they live under one.
+ALWAYS_HIDE = ("/root", "/home", "/run", "/var/run", "/sys/fs/cgroup")
 #: Host files seen empty inside (already unreadable to the sandbox's user: belt and braces).
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 #: Host variables a process needs to work at all; none is a secret. Everything else it gets

@@ -208,6 +208,19 @@ def test_no_engine_or_daemon_socket_is_reachable(ex: Any) -> None:
     assert got["/run"] == [], got
 
 
+def test_the_hosts_containers_and_jails_are_not_listed(ex: Any) -> None:
+    """The host's cgroup tree names its containers (docker/<id>) and other jails' pids."""
+    assert os.listdir("/sys/fs/cgroup"), "no cgroup tree on this host to hide"
+    got = facts(
+        ex,
+        "found = []\n"
+        "for top, dirs, files in os.walk('/sys/fs/cgroup'):\n"
+        "    found += [os.path.join(top, d) for d in dirs] + files\n"
+        "print(json.dumps(found[:5]))\n",
+    )
+    assert got == [], got
+
+
 def test_the_hosts_environment_stays_outside(ex: Any) -> None:
     """The env policy as before: only the executor's env (and PATH, LANG...), even for the
     sandbox's own processes."""
