@@ -77,7 +77,7 @@ class SandboxOptions:
     hide: Sequence[str] = DEFAULT_HIDE
     writable: Sequence[str] = ()
     readable: Sequence[str] = ()
-    tmp_size: int = 256 * 1024 * 1024  # bytes of the private /tmp
+    tmp_size: int = 256 * 1024 * 1024  # bytes of the private /tmp (and of /dev/shm)
     host_uid: int = NOBODY
     host_gid: int = NOBODY
 
@@ -140,7 +140,8 @@ def bwrap_argv(
     shown = _shown(options, argv[0] if argv else sys.executable, env)
     out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--perms", "1777", "--size", str(options.tmp_size), "--tmpfs", "/tmp"]
-    out += ["--perms", "1777", "--tmpfs", "/dev/shm"]  # the sandbox's user writes it too
+    # the sandbox's user writes shared memory too, within the same bound as /tmp
+    out += ["--perms", "1777", "--size", str(options.tmp_size), "--tmpfs", "/dev/shm"]
     if root:
         # A folder only root may enter (0700) around a bound path: the sandbox's user could not
         # reach the path through it, so an empty one takes its place and the path is bound in.
