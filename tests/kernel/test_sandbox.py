@@ -272,3 +272,23 @@ def test_a_host_not_root_runs_one_bwrap_as_itself(
     assert not any("setpriv" in a for a in argv) and argv[-2:] == ["python", "x.py"]
     for hidden in ("/root", "/run"):
         assert argv[argv.index(hidden) - 1] == "--tmpfs"
+
+
+def test_a_virtualenv_under_a_hidden_home_still_runs(tmp_path: Path) -> None:
+    """Homes are hidden (CI's checkout may live in /root or /home/runner): the interpreter's
+    virtualenv, and the installation behind it, are bound back read-only, nothing else."""
+    import subprocess
+    import sys
+
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    venv = Path("/home") / f"kx-venv-{os.getpid()}-{time.monotonic_ns()}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    try:
+        code = "import os, sys\nprint(sys.prefix)\nprint(os.listdir('/home'))\n"
+        with make_executor(
+            "sandboxed-command", work_dir=tmp_path, timeout=30, python=str(venv)
+        ) as ex:
+            assert run(ex, code) == f"{venv}\n{[venv.name]}\n"
+    finally:
+        shutil.rmtree(venv)
