@@ -259,10 +259,17 @@ def _private_parents(paths: Sequence[str], covered: Sequence[str]) -> list[str]:
             folder = str(parent)
             if _under(folder, [*covered, *found]):
                 break
-            if not os.stat(folder).st_mode & 0o001:
+            if not _others_may_enter(folder):
                 found.append(folder)
                 break
     return found
+
+
+def _others_may_enter(folder: str) -> bool:
+    try:
+        return bool(os.stat(folder).st_mode & 0o001)
+    except OSError:  # missing: bwrap says so, naming the path
+        return True
 
 
 def _interpreter_roots(python: str) -> list[str]:
