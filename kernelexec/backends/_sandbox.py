@@ -70,7 +70,8 @@ class SandboxOptions:
 
     ``readable``: host paths shown read-only although under a hidden place (a package folder
     under a home, say). ``host_uid``/``host_gid``: the host user the code runs as when the host
-    is root (never 0); the work dir is given to it.
+    is root (never 0); the work dir and the ``writable`` folders are given to it (their owner
+    changes, not their contents').
     """
 
     network: bool = False
