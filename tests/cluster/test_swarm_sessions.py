@@ -190,7 +190,8 @@ def test_bytes_that_are_not_utf8_leave_the_sessions_output_whole(swarm: Swarm) -
     """The launcher image's ipykernel (6.17) decoded fd output strictly: one byte that is not
     UTF-8 killed its reader, that line and every later child's output were lost, and a large
     one filled the pipe and hung to the timeout (issue 31.4). The bytes come through as
-    U+FFFD, as on the other back ends, and the session goes on."""
+    U+FFFD, as on the other back ends, and the session goes on. Then a child's output at a
+    block's end, as on the Docker kernel (same ipykernel: ``kx_attribution``)."""
     r = swarm.run(
         r"""
         with session() as ex:
@@ -207,6 +208,10 @@ def test_bytes_that_are_not_utf8_leave_the_sessions_output_whole(swarm: Swarm) -
             report(noise=[r.exit_code, r.timed_out, "\ufffd" in r.stdout])
             report(noise_took=time.monotonic() - started)
             report(after=ex.execute("subprocess.run(['echo', 'still here']);").stdout)
+            # A child's lines at a block's end stay in that block here too (issue 31.3).
+            sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
+            from kx_attribution import check_child_output_stays_in_its_block
+            check_child_output_stays_in_its_block(ex)
             kid = ex.backend.kernel_id
         report(left=services(kid))
         """
