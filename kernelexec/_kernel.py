@@ -200,8 +200,17 @@ def _kx_setup():
 
         fd = getattr(stream, "_original_stdstream_fd", None)
         copy = getattr(stream, "_original_stdstream_copy", None)
-        if getattr(stream, "_fid", None) is None or fd is None or copy is None:
+        if getattr(stream, "_fid", None) is None or copy is None:
             return
+        if fd is None:
+            # ipykernel 6 does not note which fd it took: the stream's own (1 or 2), if that
+            # is still the pipe its reader reads.
+            fd = {{"stdout": 1, "stderr": 2}}.get(stream.name)
+            if fd is None:
+                return
+            pipe, read_end = os.fstat(fd), os.fstat(stream._fid)
+            if (pipe.st_ino, pipe.st_dev) != (read_end.st_ino, read_end.st_dev):
+                return
         pipe = os.fstat(fd)
         left = []  # ipykernel's own write end of that pipe, kept open beside fd
         for name in os.listdir("/proc/self/fd"):
@@ -301,13 +310,25 @@ def _kx_setup():
         slow, send = stream.flush, getattr(stream, "_flush", None)
         if getattr(slow, "_kx_quick", False) or send is None:
             return
-        if not isinstance(getattr(stream, "_buffers", None), dict) or not hasattr(stream, "_hooks"):
-            return  # another ipykernel's stream (one buffer, say): its own flush stays
         own = set()
         for name in ("execute_request", "dispatch_shell"):
             code = getattr(getattr(Kernel, name, None), "__code__", None)
             if code is not None:
                 own.add(code)
+        if not isinstance(getattr(stream, "_buffers", None), dict) or not hasattr(stream, "_hooks"):
+            # Another ipykernel's stream (ipykernel 6: one buffer): its own flush stays, after
+            # the fd pipe is emptied into it. Without that, what a child wrote just before the
+            # block ended reached the stream after the idle status: in the next block, or
+            # (sent under this block's header after its idle) nowhere.
+            def drained_flush():
+                if threading.current_thread() is not thread.thread:
+                    ending = sys._getframe(1).f_code in own
+                    getattr(stream, "_kx_drain", lambda final=False: None)(ending)
+                return slow()
+
+            drained_flush._kx_quick = True
+            stream.flush = drained_flush
+            return
         stream._kx_sending = False
 
         def sending():

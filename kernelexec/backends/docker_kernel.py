@@ -64,7 +64,9 @@ _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"
 #  * replaces ipykernel's fd-capture thread with one that decodes incrementally with
 #    ``errors="replace"``: ipykernel < 6.2x decodes each raw read strictly, so one non-UTF-8 byte
 #    written to fd 1 killed the thread, the pipe filled up and every later write to fd 1 blocked.
-#    The bytes are not echoed to the container's own stdout (the engine's log) either;
+#    The bytes are not echoed to the container's own stdout (the engine's log) either. Once
+#    the executor's set-up has run, its own reader (own_reader in _kernel) takes the fds over
+#    and echoes at most 1 MiB per stream to that log;
 #  * starts the reaper, a thread listening on a unix socket in the runtime folder. ``mark`` (sent
 #    just before each block) notes the processes alive then (pid and start time); ``reap`` kills
 #    (SIGSTOP, then SIGKILL, until none is left) every process not marked, except PID 1 and the

@@ -89,6 +89,9 @@ class Swarm:
                 "HOME": "/tmp",
                 "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                 "PYTHONDONTWRITEBYTECODE": "1",
+                # This checkout, not the one the virtualenv's editable install names (another
+                # worktree's, not mounted here).
+                "PYTHONPATH": str(PROJECT),
             },
             user="0:0",  # the engine's socket is root's
             network=self.network,

@@ -184,3 +184,40 @@ def test_the_engine_going_away_mid_session_is_a_clear_error(swarm: Swarm) -> Non
     assert r["seconds"] < 30
     assert r["after"] == "4" and r["second"] != r["first"]
     assert r["first_left"] == [] and r["second_left"] == []
+
+
+def test_bytes_that_are_not_utf8_leave_the_sessions_output_whole(swarm: Swarm) -> None:
+    """The launcher image's ipykernel (6.17) decoded fd output strictly: one byte that is not
+    UTF-8 killed its reader, that line and every later child's output were lost, and a large
+    one filled the pipe and hung to the timeout (issue 31.4). The bytes come through as
+    U+FFFD, as on the other back ends, and the session goes on. Then a child's output at a
+    block's end, as on the Docker kernel (same ipykernel: ``kx_attribution``)."""
+    r = swarm.run(
+        r"""
+        with session() as ex:
+            r = ex.execute("import os, subprocess; os.write(1, b'bad \\xff byte\\n')")
+            report(bad=[r.exit_code, r.stdout])
+            r = ex.execute("subprocess.run(['sh', '-c', 'echo child; echo child-err >&2'])")
+            report(child=[r.exit_code, r.stdout, r.stderr])
+            r = ex.execute("subprocess.run(['seq', '200000']);", timeout=20)
+            report(seq=[r.exit_code, r.timed_out, r.stdout[:4], r.stdout[-14:]])
+            started = time.monotonic()
+            r = ex.execute(
+                "import random; os.write(1, random.Random(7).randbytes(2_000_000))", timeout=20
+            )
+            report(noise=[r.exit_code, r.timed_out, "\ufffd" in r.stdout])
+            report(noise_took=time.monotonic() - started)
+            report(after=ex.execute("subprocess.run(['echo', 'still here']);").stdout)
+            # A child's lines at a block's end stay in that block here too (issue 31.3).
+            sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
+            from kx_attribution import check_child_output_stays_in_its_block
+            check_child_output_stays_in_its_block(ex)
+            kid = ex.backend.kernel_id
+        report(left=services(kid))
+        """
+    )
+    assert r["bad"] == [0, "bad \ufffd byte\n"], r
+    assert r["child"] == [0, "child\n", "child-err\n"]
+    assert r["seq"] == [0, False, "1\n2\n", "199999\n200000\n"]
+    assert r["noise"] == [0, False, True] and r["noise_took"] < 15
+    assert r["after"] == "still here\n" and r["left"] == []

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import zmq
+from kx_attribution import check_child_output_stays_in_its_block
 
 from kernelexec import KernelExecutor, make_executor
 
@@ -114,3 +115,11 @@ def test_a_subscriber_connected_late_that_lags_loses_nothing(tmp_path: Path, bac
         if "kernelexec" in (o.get("metadata") or {})
     )
     assert kept + omitted == LATE_DISPLAYS, (kept, omitted)
+
+
+@pytest.mark.parametrize("backend", ["kernel", "fork-kernel"])
+def test_a_childs_output_at_a_blocks_end_stays_in_its_block(tmp_path: Path, backend: str) -> None:
+    """What a child writes to fd 1 / fd 2 just before its block ends is in that block, however
+    late the kernel's fd reader thread runs (the Docker kernels' case: tests/docker)."""
+    with make_executor(backend, work_dir=tmp_path, timeout=30) as ex:
+        check_child_output_stays_in_its_block(ex)
