@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
                 code_path.unlink(missing_ok=True)
         return capture.result(block, outcome, timeout, code_path)
 
-    async def _run_until_closed(self, run: Any) -> CommandOutcome:
+    async def _run_until_closed(self, run: Awaitable[CommandOutcome]) -> CommandOutcome:
         """The back end's run of a block, which ``close()`` may cancel: the back end kills the
         block's processes, and the outcome says it was stopped by close."""
         task = self._running = asyncio.ensure_future(run)
