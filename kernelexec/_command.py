@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import re
 import shutil
 import signal
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from ._budget import StreamDecoder, TextBudget
 from ._errors import InvalidBlock
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
 from ._outputs import visible_text
-from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, folder_option
 from .backends.base import CommandBackend, CommandOutcome
 from .backends.local_command import LocalCommand
@@ -116,7 +117,8 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         capture = _Capture(self, block.index)
         try:
             outcome = await self._run_until_closed(
-                self.backend.run(
+                functools.partial(
+                    self.backend.run,
                     argv,
                     work_dir=self.work_dir,
                     env=self._block_env(block),
@@ -131,12 +133,14 @@ class AsyncCommandLineExecutor(AsyncExecutor):
                 code_path.unlink(missing_ok=True)
         return capture.result(block, outcome, timeout, code_path)
 
-    async def _run_until_closed(self, run: Awaitable[CommandOutcome]) -> CommandOutcome:
+    async def _run_until_closed(
+        self, run: Callable[[], Awaitable[CommandOutcome]]
+    ) -> CommandOutcome:
         """The back end's run of a block, which ``close()`` may cancel: the back end kills the
         block's processes, and the outcome says it was stopped by close."""
-        task = self._running = asyncio.ensure_future(run)
-        if self.closed:  # close() came while the block was being set up
-            task.cancel()
+        if self.closed:  # close() came while the block waited for the back end to start
+            return CommandOutcome(exit_code=None, killed_reason=_NOT_RUN)
+        task = self._running = asyncio.ensure_future(run())
         try:
             await asyncio.wait({task})
         except asyncio.CancelledError:  # our caller gave up: the block must not run on
@@ -242,10 +246,10 @@ class _Capture:
         stdout, stderr = self.out.text(), self.err.text()
         exit_code, timed_out = outcome.exit_code, outcome.timed_out
         error: ErrorInfo | None = None
-        if outcome.killed_reason == _CLOSED:
-            error = ErrorInfo(ename="Stopped", evalue=_CLOSED_NOTE)
+        if outcome.killed_reason in _STOPPED:
+            error = ErrorInfo(ename="Stopped", evalue=_STOPPED[outcome.killed_reason])
             output = f"{output.rstrip()}\n{error}" if output.strip() else str(error)
-            exit_code = _EXIT_KILLED
+            exit_code = _EXIT_KILLED if outcome.killed_reason == _CLOSED else EXIT_ERROR
         elif timed_out:
             # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
             error = ErrorInfo(
@@ -290,8 +294,12 @@ class _Capture:
 
 
 _SIGNALS = {s.value for s in signal.Signals}
-_CLOSED = "close"  # CommandOutcome.killed_reason of a block stopped by close()
-_CLOSED_NOTE = "the executor was closed while the block ran; its processes were killed."
+# CommandOutcome.killed_reason of a block stopped by close(), and of one close() came before
+_CLOSED, _NOT_RUN = "close", "closed before the start"
+_STOPPED = {
+    _CLOSED: "the executor was closed while the block ran; its processes were killed.",
+    _NOT_RUN: "the executor was closed before the block started; nothing of it ran.",
+}
 _EXIT_KILLED = 128 + signal.SIGKILL  # as a shell reports a process killed by SIGKILL
 
 

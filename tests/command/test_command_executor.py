@@ -25,6 +25,7 @@ from kernelexec import (
     ExecutorClosed,
 )
 from kernelexec._executor import NO_BLOCKS_MESSAGE
+from kernelexec.backends.local_command import LocalCommand
 
 
 @pytest.fixture(scope="module")
@@ -521,6 +522,27 @@ def test_close_from_another_task_stops_the_running_block(tmp_path: Path) -> None
 
     took, result = asyncio.run(main())
     assert took < 15 and result.error is not None and result.error.ename == "Stopped", result
+
+
+class _SlowStart(LocalCommand):
+    """A local back end that takes a second to start (as a container does)."""
+
+    async def start(self, work_dir: Path) -> None:
+        await asyncio.sleep(1)
+
+
+def test_close_while_the_back_end_starts_runs_nothing_and_says_so(tmp_path: Path) -> None:
+    async def main() -> Any:
+        ex = AsyncCommandLineExecutor(backend=_SlowStart(), work_dir=tmp_path)
+        block = asyncio.ensure_future(ex.execute("open('ran', 'w').write('yes')"))
+        await asyncio.sleep(0.3)  # the block waits for the back end's start
+        await ex.close()
+        return await block
+
+    result = asyncio.run(main())
+    assert result.error is not None and result.error.ename == "Stopped", result
+    assert "before the block started; nothing of it ran" in result.output
+    assert result.exit_code == 1 and not (tmp_path / "ran").exists()
 
 
 def test_sync_api_inside_a_running_event_loop(tmp_path: Path) -> None:
