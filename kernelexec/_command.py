@@ -80,6 +80,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         self._env = {**host, **_BASE_ENV, **_figure_env(host, self.options.outputs_dir)}
         self._env.update(self.options.env)
         self._running: asyncio.Future[CommandOutcome] | None = None  # the block's back-end run
+        self._stopped_by = _CLOSED  # what cancelled ``_running``: close() or restart()
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
@@ -88,9 +89,19 @@ class AsyncCommandLineExecutor(AsyncExecutor):
     async def close(self) -> None:
         """Stop the back end; a block running meanwhile (another task or thread) is stopped
         rather than waited for: its processes are killed and its result says so."""
-        if not self.closed and os.getpid() == self._owner and self._running is not None:
-            self._running.cancel()  # the back end kills what the block started
+        self._stop_running_block(_CLOSED)
         await super().close()
+
+    async def restart(self) -> None:
+        """Start afresh (a Docker back end: a new container); a block running meanwhile is
+        stopped first, as by ``close()``."""
+        self._stop_running_block(_RESTARTED)
+        await super().restart()
+
+    def _stop_running_block(self, why: str) -> None:
+        if not self.closed and os.getpid() == self._owner and self._running is not None:
+            self._stopped_by = why
+            self._running.cancel()  # the back end kills what the block started
 
     async def _start(self) -> None:
         await self.backend.start(self.work_dir)
@@ -141,6 +152,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         if self.closed:  # close() came while the block waited for the back end to start
             return CommandOutcome(exit_code=None, killed_reason=_NOT_RUN)
         task = self._running = asyncio.ensure_future(run())
+        self._stopped_by = _CLOSED
         try:
             await asyncio.wait({task})
         except asyncio.CancelledError:  # our caller gave up: the block must not run on
@@ -150,7 +162,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         finally:
             self._running = None
         if task.cancelled():
-            return CommandOutcome(exit_code=None, killed_reason=_CLOSED)
+            return CommandOutcome(exit_code=None, killed_reason=self._stopped_by)
         return task.result()
 
     def _block_env(self, block: PreparedBlock) -> dict[str, str]:
@@ -249,7 +261,7 @@ class _Capture:
         if outcome.killed_reason in _STOPPED:
             error = ErrorInfo(ename="Stopped", evalue=_STOPPED[outcome.killed_reason])
             output = f"{output.rstrip()}\n{error}" if output.strip() else str(error)
-            exit_code = _EXIT_KILLED if outcome.killed_reason == _CLOSED else EXIT_ERROR
+            exit_code = EXIT_ERROR if outcome.killed_reason == _NOT_RUN else _EXIT_KILLED
         elif timed_out:
             # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
             error = ErrorInfo(
@@ -294,10 +306,12 @@ class _Capture:
 
 
 _SIGNALS = {s.value for s in signal.Signals}
-# CommandOutcome.killed_reason of a block stopped by close(), and of one close() came before
-_CLOSED, _NOT_RUN = "close", "closed before the start"
+# CommandOutcome.killed_reason of a block stopped by close() or restart(), and of one close()
+# came before
+_CLOSED, _RESTARTED, _NOT_RUN = "close", "restart", "closed before the start"
 _STOPPED = {
     _CLOSED: "the executor was closed while the block ran; its processes were killed.",
+    _RESTARTED: "the executor was restarted while the block ran; its processes were killed.",
     _NOT_RUN: "the executor was closed before the block started; nothing of it ran.",
 }
 _EXIT_KILLED = 128 + signal.SIGKILL  # as a shell reports a process killed by SIGKILL

@@ -1,5 +1,5 @@
-"""``close()`` of a command executor from another thread while a block runs (issue 31.7), for
-every command back end: it stops the block instead of waiting for it."""
+"""``close()`` (or ``restart()``) of a command executor from another thread while a block runs
+(issue 31.7), for every command back end: it stops the block instead of waiting for it."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def unique_seconds() -> str:
     return f"30.{random.randint(10**5, 10**6 - 1)}"
 
 
-def close_during_block(ex: Any, seconds: str) -> tuple[float, Any]:
-    """Run ``CLOSE_BLOCK`` on the sync executor ``ex`` in a thread, close ``ex`` from this one
-    once the block prints, and return (how long close() took, the block's result)."""
+def close_during_block(ex: Any, seconds: str, action: str = "close") -> tuple[float, Any]:
+    """Run ``CLOSE_BLOCK`` on the sync executor ``ex`` in a thread, close (or restart) ``ex``
+    from this one once the block prints, and return (how long that took, the block's result).
+    After a restart the executor must still run a block; ``ex`` is closed in the end."""
     sleeping = threading.Event()
 
     def watch(output: dict[str, Any]) -> None:
@@ -49,8 +50,11 @@ def close_during_block(ex: Any, seconds: str) -> tuple[float, Any]:
     try:
         assert sleeping.wait(60), f"the block never printed its marker: {errors}"
         started = time.monotonic()
-        ex.close()
+        getattr(ex, action)()
         took = time.monotonic() - started
+        runner.join(30)
+        if action == "restart":
+            assert ex.execute("print('after')").output == "after\n"
     finally:
         ex.close()
         runner.join(90)
@@ -59,12 +63,14 @@ def close_during_block(ex: Any, seconds: str) -> tuple[float, Any]:
     return took, result
 
 
-def check_stopped_by_close(took: float, result: Any) -> None:
+def check_stopped_by_close(took: float, result: Any, action: str = "close") -> None:
     """close() returned well before the block's end and the result says why it ended."""
-    assert took < 15, f"close() took {took:.1f} s: it waited for the block"
+    assert took < 15, f"{action}() took {took:.1f} s: it waited for the block"
     assert "sleeping" in result.stdout and "woke up" not in result.stdout, result
     assert result.error is not None and result.error.ename == "Stopped", result
-    assert result.exit_code == 137 and "closed while the block ran" in result.output, result
+    assert result.exit_code == 137, result
+    done = {"close": "closed", "restart": "restarted"}[action]
+    assert f"the executor was {done} while the block ran" in result.output, result
 
 
 def host_processes_with(marker: str, within: float = 10) -> list[int]:

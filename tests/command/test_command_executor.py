@@ -503,11 +503,12 @@ def test_closed_executor_raises(tmp_path: Path) -> None:
         ex.execute_message("```py\nprint(1)\n```")
 
 
-def test_close_from_another_thread_stops_the_running_block(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["close", "restart"])
+def test_close_from_another_thread_stops_the_running_block(tmp_path: Path, action: str) -> None:
     """close() waited for the running block to end (28.5 s of a 30 s block, issue 31.7)."""
     seconds = unique_seconds()
-    took, result = close_during_block(CommandLineExecutor(work_dir=tmp_path), seconds)
-    check_stopped_by_close(took, result)
+    took, result = close_during_block(CommandLineExecutor(work_dir=tmp_path), seconds, action)
+    check_stopped_by_close(took, result, action)
     assert host_processes_with(f"sleep\0{seconds}") == []
 
 

@@ -119,9 +119,10 @@ def test_out_of_memory_says_so_on_every_runtime(
         assert after.output == "recovered\n", after.output  # no note about a stopped container
 
 
+@pytest.mark.parametrize("action", ["close", "restart"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_close_from_another_thread_stops_the_running_block(
-    docker_client: docker.DockerClient, tmp_path: Path, runtime: str
+    docker_client: docker.DockerClient, tmp_path: Path, runtime: str, action: str
 ) -> None:
     """close() waited for the running block (28.5 s of a 30 s block, issue 31.7). A container
     kept running at close (``stop_container=False``) is left with nothing of the block in it."""
@@ -129,8 +130,8 @@ def test_close_from_another_thread_stops_the_running_block(
     ex = CommandLineExecutor(backend=backend(runtime, stop_container=False), work_dir=tmp_path)
     session = ex.aio.backend.session
     try:
-        took, result = close_during_block(ex, unique_seconds())
-        check_stopped_by_close(took, result)
+        took, result = close_during_block(ex, unique_seconds(), action)
+        check_stopped_by_close(took, result, action)
         (kept,) = containers_of(docker_client, session)
         kept.reload()
         assert kept.status == "running"
