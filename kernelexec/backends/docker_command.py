@@ -115,6 +115,8 @@ if pid == 0:
         sys.stderr.write("%s: %s\n" % (argv[0], exc.strerror))
     os._exit(127)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+# At a timeout the block gets SIGTERM and a grace: what it writes then still goes through us.
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 pumps = []
 for fd, (r, w) in zip((1, 2), pipes):
     os.close(w)

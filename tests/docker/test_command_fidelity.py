@@ -88,6 +88,17 @@ def test_a_long_line_arrives_whole_and_is_counted(
     assert r.full_output_file is not None and r.full_output_file.stat().st_size == size
 
 
+def test_what_a_block_writes_on_sigterm_at_its_timeout_arrives(ex: CommandLineExecutor) -> None:
+    """The block's output passes through its wrapper: the wrapper must outlive the SIGTERM."""
+    code = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n    print('cleanup', flush=True); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    r = ex.execute(code, timeout=2)
+    assert r.timed_out and r.output.startswith("ready\ncleanup\n"), r.output
+
+
 def test_output_merges_the_streams_at_line_boundaries(ex: CommandLineExecutor) -> None:
     """Unbuffered Python put a stderr line inside a stdout line: "hierr\\n\\n" (issue 31.11)."""
     code = (
