@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import os
 import re
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,9 @@ from ._budget import StreamDecoder, TextBudget
 from ._errors import InvalidBlock
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
 from ._outputs import visible_text
-from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, folder_option
-from .backends.base import CommandBackend
+from .backends.base import CommandBackend, CommandOutcome
 from .backends.local_command import LocalCommand
 
 _EXTENSIONS = {"python": ".py", "shell": ".sh", "powershell": ".ps1"}
@@ -77,10 +79,29 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         host = os.environ if self.backend.inherits_host_env else {}
         self._env = {**host, **_BASE_ENV, **_figure_env(host, self.options.outputs_dir)}
         self._env.update(self.options.env)
+        self._running: asyncio.Future[CommandOutcome] | None = None  # the block's back-end run
+        self._stopped_by = _CLOSED  # what cancelled ``_running``: close() or restart()
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
         return tuple(self.backend.supported_languages())
+
+    async def close(self) -> None:
+        """Stop the back end; a block running meanwhile (another task or thread) is stopped
+        rather than waited for: its processes are killed and its result says so."""
+        self._stop_running_block(_CLOSED)
+        await super().close()
+
+    async def restart(self) -> None:
+        """Start afresh (a Docker back end: a new container); a block running meanwhile is
+        stopped first, as by ``close()``."""
+        self._stop_running_block(_RESTARTED)
+        await super().restart()
+
+    def _stop_running_block(self, why: str) -> None:
+        if not self.closed and os.getpid() == self._owner and self._running is not None:
+            self._stopped_by = why
+            self._running.cancel()  # the back end kills what the block started
 
     async def _start(self) -> None:
         await self.backend.start(self.work_dir)
@@ -106,19 +127,43 @@ class AsyncCommandLineExecutor(AsyncExecutor):
             raise InvalidBlock(f"unsupported language: {block.language}")
         capture = _Capture(self, block.index)
         try:
-            outcome = await self.backend.run(
-                argv,
-                work_dir=self.work_dir,
-                env=self._block_env(block),
-                timeout=timeout,
-                on_stdout=capture.stdout,
-                on_stderr=capture.stderr,
+            outcome = await self._run_until_closed(
+                functools.partial(
+                    self.backend.run,
+                    argv,
+                    work_dir=self.work_dir,
+                    env=self._block_env(block),
+                    timeout=timeout,
+                    on_stdout=capture.stdout,
+                    on_stderr=capture.stderr,
+                )
             )
         finally:
             capture.close()
             if self.options.cleanup_code_files and block.target is None:
                 code_path.unlink(missing_ok=True)
-        return capture.result(block, outcome.exit_code, outcome.timed_out, timeout, code_path)
+        return capture.result(block, outcome, timeout, code_path)
+
+    async def _run_until_closed(
+        self, run: Callable[[], Awaitable[CommandOutcome]]
+    ) -> CommandOutcome:
+        """The back end's run of a block, which ``close()`` may cancel: the back end kills the
+        block's processes, and the outcome says it was stopped by close."""
+        if self.closed:  # close() came while the block waited for the back end to start
+            return CommandOutcome(exit_code=None, killed_reason=_NOT_RUN)
+        task = self._running = asyncio.ensure_future(run())
+        self._stopped_by = _CLOSED
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:  # our caller gave up: the block must not run on
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+        finally:
+            self._running = None
+        if task.cancelled():
+            return CommandOutcome(exit_code=None, killed_reason=self._stopped_by)
+        return task.result()
 
     def _block_env(self, block: PreparedBlock) -> dict[str, str]:
         if self.options.outputs_dir is None or block.language != "python":
@@ -142,8 +187,20 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         return path
 
 
+# A partial line held back from ``output`` longer than this is let through as it is: what is
+# held stays small whatever one line's length.
+_HOLD_LIMIT = 1 << 16
+
+
 class _Capture:
-    """Bounded capture of one block's stdout and stderr, in arrival order."""
+    """Bounded capture of one block's stdout and stderr.
+
+    ``stdout`` and ``stderr`` keep each stream's text as it came. ``output`` merges the two at
+    line boundaries: a partial line of one stream is held until its newline (or the block's
+    end), so that a line the other stream wrote meanwhile goes before it instead of inside it.
+    Without that, an unbuffered ``write('hi'); stderr.write('err\\n'); write('\\n')`` read
+    ``hierr``, in whichever order the two pipes happened to be read.
+    """
 
     def __init__(self, executor: AsyncCommandLineExecutor, index: int) -> None:
         limit = executor.options.output_limit
@@ -153,6 +210,9 @@ class _Capture:
         self.out = TextBudget(limit)
         self.err = TextBudget(limit)
         self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+        # Each stream's partial line not yet in ``combined`` (oldest stream first), and its length.
+        self._held: dict[str, list[str]] = {}
+        self._held_len = {"stdout": 0, "stderr": 0}
 
     def stdout(self, data: bytes) -> None:
         self._feed("stdout", self._decoders["stdout"].feed(data))
@@ -164,26 +224,45 @@ class _Capture:
         if not text:
             return
         (self.out if name == "stdout" else self.err).write(text)
-        self.combined.write(text)
+        self._merge(name, text)
         self._executor._emit({"output_type": "stream", "name": name, "text": text})
+
+    def _merge(self, name: str, text: str) -> None:
+        end = text.rfind("\n") + 1
+        if end:  # a line ends here: the stream's held start of it goes first
+            self._release(name)
+            self.combined.write(text if end == len(text) else text[:end])
+            text = text[end:]
+        if text:
+            self._held.setdefault(name, []).append(text)
+            self._held_len[name] += len(text)
+            if self._held_len[name] > _HOLD_LIMIT:
+                self._release(name)
+
+    def _release(self, name: str) -> None:
+        self._held_len[name] = 0
+        for text in self._held.pop(name, ()):
+            self.combined.write(text)
 
     def close(self) -> None:
         for name, decoder in self._decoders.items():
             self._feed(name, decoder.finish())
+        for name in list(self._held):  # the partial lines left, the oldest first
+            self._release(name)
         self.combined.close()
 
     def result(
-        self,
-        block: PreparedBlock,
-        exit_code: int | None,
-        timed_out: bool,
-        timeout: float,
-        code_path: Path,
+        self, block: PreparedBlock, outcome: CommandOutcome, timeout: float, code_path: Path
     ) -> ExecutionResult:
         output = visible_text(self.combined.text())  # no raw control bytes before a model
         stdout, stderr = self.out.text(), self.err.text()
+        exit_code, timed_out = outcome.exit_code, outcome.timed_out
         error: ErrorInfo | None = None
-        if timed_out:
+        if outcome.killed_reason in _STOPPED:
+            error = ErrorInfo(ename="Stopped", evalue=_STOPPED[outcome.killed_reason])
+            output = f"{output.rstrip()}\n{error}" if output.strip() else str(error)
+            exit_code = EXIT_ERROR if outcome.killed_reason == _NOT_RUN else _EXIT_KILLED
+        elif timed_out:
             # The ename says "Timeout"; the value does not repeat it ("Timeout: Timeout: ...").
             error = ErrorInfo(
                 ename="Timeout", evalue=f"the block ran longer than {timeout:g} s and was killed."
@@ -227,6 +306,15 @@ class _Capture:
 
 
 _SIGNALS = {s.value for s in signal.Signals}
+# CommandOutcome.killed_reason of a block stopped by close() or restart(), and of one close()
+# came before
+_CLOSED, _RESTARTED, _NOT_RUN = "close", "restart", "closed before the start"
+_STOPPED = {
+    _CLOSED: "the executor was closed while the block ran; its processes were killed.",
+    _RESTARTED: "the executor was restarted while the block ran; its processes were killed.",
+    _NOT_RUN: "the executor was closed before the block started; nothing of it ran.",
+}
+_EXIT_KILLED = 128 + signal.SIGKILL  # as a shell reports a process killed by SIGKILL
 
 
 def _error_from_stderr(stderr: str, language: str, exit_code: int) -> ErrorInfo:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -60,8 +61,30 @@ while True:
 # cgroup's OOM killer fired during the block, and when the block was killed by a signal write the
 # signal's number to STATUS_FILE: the exec's exit status (128 + n) cannot tell that from a
 # process that exited with 128 + n, and the local back end names the signal.
+# The block writes to pipes of the wrapper's, which copies them to the exec's stdout and stderr
+# (``pump``): under gVisor a write to those returns after 64 KiB, and a writer that does not loop
+# (Python's own unbuffered stdout) silently lost the rest of a long line.
 _WRAPPER = r"""
-import os, signal, sys
+import _thread, os, select, signal, sys
+
+def pump(src, dst, done):
+    broken = False
+    while True:
+        try:
+            data = os.read(src, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        view = memoryview(data)
+        while view and not broken:
+            try:
+                view = view[os.write(dst, view):]
+            except BlockingIOError:
+                select.select([], [dst], [], 1)
+            except OSError:
+                broken = True  # nobody reads any more: go on draining, never block the block
+    done.release()
 
 def oom():
     for name in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
@@ -77,21 +100,37 @@ def oom():
 
 status_file, argv = sys.argv[1], sys.argv[2:]
 before = oom()
+pipes = (os.pipe(), os.pipe())
 pid = os.fork()
 if pid == 0:
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    for fd, (r, w) in zip((1, 2), pipes):
+        os.dup2(w, fd)
+        os.close(r)
+        os.close(w)
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
         sys.stderr.write("%s: %s\n" % (argv[0], exc.strerror))
     os._exit(127)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+# At a timeout the block gets SIGTERM and a grace: what it writes then still goes through us.
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pumps = []
+for fd, (r, w) in zip((1, 2), pipes):
+    os.close(w)
+    done = _thread.allocate_lock()
+    done.acquire()
+    _thread.start_new_thread(pump, (r, fd, done))
+    pumps.append(done)
 status = os.waitpid(pid, 0)[1]
 try:
     os.kill(-1, signal.SIGKILL)
 except OSError:
     pass
+for done in pumps:  # what the block wrote is all delivered once its last process is gone
+    done.acquire(timeout=5)
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     try:
@@ -134,6 +173,12 @@ _ENDED_NOTE = (
 )
 
 
+_OOM_ENDED_NOTE = (
+    "\nkernelexec: the block was killed: out of memory (container memory limit {memory}); its "
+    "container stopped with it, and the next block runs in a new one.\n"
+)
+
+
 class DockerCommand(CommandBackend):
     """Runs python and shell blocks in a container (``kernelexec/python`` by default).
 
@@ -159,6 +204,9 @@ class DockerCommand(CommandBackend):
         self.session = self._docker.session
         self.fresh_container = fresh_container
         self.kill_grace = kill_grace
+        # The container a block saw stop under it (and said so): the next block's new
+        # container needs no second note.
+        self._ended_id: str | None = None
 
     @property
     def options(self) -> DockerOptions:
@@ -266,8 +314,10 @@ class DockerCommand(CommandBackend):
         else:
             return container, None
         # Nothing of value lived in it (the work dir is a mount): a fresh container takes over.
-        old = container.short_id
+        old, told = container.short_id, container.id == self._ended_id
         container = await self._docker.start(self._spec())
+        if told:  # the block it stopped under said so already
+            return container, None
         return (
             container,
             f"the container {old} {how}; this block runs in a new one, {container.short_id}.",
@@ -307,8 +357,7 @@ class DockerCommand(CommandBackend):
         try:
             done = await self._wait(reader, container, timeout)
             if done == "exited":
-                on_stderr(_ENDED_NOTE)
-                return CommandOutcome(exit_code=137)
+                return await self._ended_outcome(container, on_stderr)
             if done == "timeout":
                 await self._reap(container)
                 # Once the block's processes are gone the stream ends; never wait forever.
@@ -335,8 +384,7 @@ class DockerCommand(CommandBackend):
         if code == 128 and not self.options.shares_host_kernel and await self._ended(container):
             # gVisor's exec gave up waiting on a sandbox that ended under it (a fork bomb past
             # the engine's pids limit): its own "waiting on pid" text is in stderr; say plainly.
-            on_stderr(_ENDED_NOTE)
-            return CommandOutcome(exit_code=137)
+            return await self._ended_outcome(container, on_stderr)
         if 128 < code <= 128 + 64 and _read_signal(work_dir / status) == code - 128:
             code = 128 - code  # as the local back end: a negative exit code names a signal
         return CommandOutcome(exit_code=code)
@@ -361,6 +409,19 @@ class DockerCommand(CommandBackend):
                 # Whatever output was on its way has had a second to arrive.
                 return "exited"
         return "timeout"
+
+    async def _ended_outcome(self, container: Any, on_stderr: ByteSink) -> CommandOutcome:
+        """A block whose container stopped under it (a runtime with its own kernel). Under
+        gVisor the memory cgroup's OOM killer ends the whole sandbox, not the block alone: the
+        engine says so (``OOMKilled``), and the block is reported killed by SIGKILL for want of
+        memory, as under runc."""
+        self._ended_id = container.id
+        found = await self._docker.reload(container)
+        if found and container.attrs.get("State", {}).get("OOMKilled"):
+            on_stderr(_OOM_ENDED_NOTE.format(memory=self.options.memory or "unknown").encode())
+            return CommandOutcome(exit_code=-signal.SIGKILL)
+        on_stderr(_ENDED_NOTE)
+        return CommandOutcome(exit_code=137)
 
     async def _ended(self, container: Any) -> bool:
         """Whether the container stopped (the engine may say so a moment after the exec)."""

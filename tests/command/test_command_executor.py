@@ -12,8 +12,10 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kx_close import check_stopped_by_close, close_during_block, host_processes_with, unique_seconds
 
 from kernelexec import (
     AsyncCommandLineExecutor,
@@ -23,6 +25,7 @@ from kernelexec import (
     ExecutorClosed,
 )
 from kernelexec._executor import NO_BLOCKS_MESSAGE
+from kernelexec.backends.local_command import LocalCommand
 
 
 @pytest.fixture(scope="module")
@@ -366,6 +369,19 @@ def test_flood_of_output_keeps_memory_bounded(tmp_path: Path) -> None:
     assert full.stat().st_size == 100 * 1024 * 1024 + len("THE END\n")
 
 
+def test_output_merges_stdout_and_stderr_at_line_boundaries(ex: CommandLineExecutor) -> None:
+    """A stderr line landed inside an unbuffered stdout line: "hierr\\n\\n" (issue 31.11)."""
+    code = (
+        "import sys, time\n"
+        "sys.stdout.write('hi'); time.sleep(0.3)\n"
+        "sys.stderr.write('err\\n'); time.sleep(0.3)\n"
+        "sys.stdout.write(' there\\n'); sys.stdout.write('end')\n"
+    )
+    result = ex.execute(code)
+    assert (result.stdout, result.stderr) == ("hi there\nend", "err\n")
+    assert result.output == "err\nhi there\nend"
+
+
 def test_binary_output_is_decoded_with_replacement(ex: CommandLineExecutor) -> None:
     code = (
         "import sys\n"
@@ -485,6 +501,49 @@ def test_closed_executor_raises(tmp_path: Path) -> None:
         ex.execute("print(1)")
     with pytest.raises(ExecutorClosed):
         ex.execute_message("```py\nprint(1)\n```")
+
+
+@pytest.mark.parametrize("action", ["close", "restart"])
+def test_close_from_another_thread_stops_the_running_block(tmp_path: Path, action: str) -> None:
+    """close() waited for the running block to end (28.5 s of a 30 s block, issue 31.7)."""
+    seconds = unique_seconds()
+    took, result = close_during_block(CommandLineExecutor(work_dir=tmp_path), seconds, action)
+    check_stopped_by_close(took, result, action)
+    assert host_processes_with(f"sleep\0{seconds}") == []
+
+
+def test_close_from_another_task_stops_the_running_block(tmp_path: Path) -> None:
+    async def main() -> tuple[float, Any]:
+        ex = AsyncCommandLineExecutor(work_dir=tmp_path)
+        block = asyncio.ensure_future(ex.execute("import time; time.sleep(60)", timeout=90))
+        await asyncio.sleep(1)
+        started = time.monotonic()
+        await ex.close()
+        return time.monotonic() - started, await block
+
+    took, result = asyncio.run(main())
+    assert took < 15 and result.error is not None and result.error.ename == "Stopped", result
+
+
+class _SlowStart(LocalCommand):
+    """A local back end that takes a second to start (as a container does)."""
+
+    async def start(self, work_dir: Path) -> None:
+        await asyncio.sleep(1)
+
+
+def test_close_while_the_back_end_starts_runs_nothing_and_says_so(tmp_path: Path) -> None:
+    async def main() -> Any:
+        ex = AsyncCommandLineExecutor(backend=_SlowStart(), work_dir=tmp_path)
+        block = asyncio.ensure_future(ex.execute("open('ran', 'w').write('yes')"))
+        await asyncio.sleep(0.3)  # the block waits for the back end's start
+        await ex.close()
+        return await block
+
+    result = asyncio.run(main())
+    assert result.error is not None and result.error.ename == "Stopped", result
+    assert "before the block started; nothing of it ran" in result.output
+    assert result.exit_code == 1 and not (tmp_path / "ran").exists()
 
 
 def test_sync_api_inside_a_running_event_loop(tmp_path: Path) -> None:

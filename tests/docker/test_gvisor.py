@@ -296,7 +296,7 @@ def test_a_fork_bomb_is_held_and_the_executor_recovers(ex: Any) -> None:
     r = ex.execute("bash -c 'echo child'; echo done", "shell", timeout=20)
     assert r.exit_code == 0 and r.output.endswith("child\ndone\n"), r.output
     # (docker-command under gVisor: when the bomb ended the sandbox before the block's wrapper
-    # killed it, this block ran in a new container and its output says so first.)
+    # killed it, this block runs in a new container; the bomb's block said so already.)
 
 
 def test_a_timed_out_kernel_block_kills_only_its_own_processes(ex: Any) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kx_close import check_stopped_by_close, close_during_block, host_processes_with, unique_seconds
 from kx_sandbox import sandbox_unavailable
 
 from kernelexec import BackendUnavailable, make_executor
@@ -138,6 +139,17 @@ def test_a_detached_child_does_not_outlive_the_sandbox(tmp_path: Path) -> None:
         assert run(ex, code) == "started\n"
         ex.close()
         assert _gone(marker), f"{kind}: {marker} still running after close()"
+
+
+def test_close_from_another_thread_stops_a_running_sandboxed_command(tmp_path: Path) -> None:
+    """close() waited for the running block to end (issue 31.7): it kills the sandbox now."""
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    seconds = unique_seconds()
+    ex = make_executor("sandboxed-command", work_dir=tmp_path)
+    took, result = close_during_block(ex, seconds)
+    check_stopped_by_close(took, result)
+    assert host_processes_with(f"sleep\0{seconds}") == []
 
 
 def test_missing_bubblewrap_is_a_clear_error(
