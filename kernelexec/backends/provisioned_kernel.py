@@ -42,6 +42,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .._errors import BackendUnavailable, KernelStartFailed
 from .._sync import Portal
 from ._iopub import BatchingClient
+from ._owner import OWNER_ENV, this_process
 from ._ready import start_channels
 from ._remote import setup_code
 from .base import KernelBackend, KernelClientLike
@@ -347,6 +348,9 @@ class ProvisionedKernel(KernelBackend):
         env.update(self._env)
         if self.username:
             env["KERNEL_USERNAME"] = self.username
+        # The launcher copies its environment into the service it creates (labels cannot be
+        # passed through it): `kernelexec gc` finds the service there once this process is gone.
+        env[OWNER_ENV] = this_process().to_text()
         return env
 
     async def _launch(self, timeout: float) -> None:
