@@ -26,7 +26,7 @@ from conftest import require
 
 from kernelexec.backends._docker import labels_for
 from kernelexec.backends._docker_options import DEFAULT_IMAGE, DockerOptions
-from kernelexec.backends._owner import OWNER_FILE, mark_folder
+from kernelexec.backends._owner import OWNER_FILE, Owner, mark_folder, owner_state, this_process
 
 HOST = Path(__file__).with_name("kx_leftovers_host.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,4 +163,42 @@ def test_gc_removes_the_container_of_a_killed_host_and_keeps_a_live_owners(
         live.reload()  # still there
     finally:
         live.remove(force=True)
+        client.close()
+
+
+@pytest.mark.docker
+def test_an_owner_in_a_container_is_told_alive_then_gone_from_outside(
+    docker_problem: str | None,
+) -> None:
+    """A host in a container (Docker out of Docker, a provisioned kernel's client) is another
+    pid namespace: seen from this machine's own namespace, as root, it is found while it runs
+    and gone once its container is; elsewhere no verdict is given."""
+    require("docker-kernel", docker_problem)
+    code = (
+        "import sys, time; sys.path.insert(0, '/kx')\n"
+        "from kernelexec.backends._owner import this_process\n"
+        "print(this_process().to_text(), flush=True); time.sleep(600)\n"
+    )
+    client = docker.from_env()
+    container = client.containers.run(
+        DEFAULT_IMAGE,
+        ["python3", "-c", code],
+        volumes={str(ROOT): {"bind": "/kx", "mode": "ro"}},
+        user="1000:1000",
+        network_mode="none",
+        detach=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (text := container.logs().decode()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        owner = Owner.from_text(text.strip())
+        assert owner is not None and owner.pidns != this_process().pidns, text
+        sees_all = this_process().pidns == "pid:[4026531836]" and os.geteuid() == 0
+        assert owner_state(owner) == ("alive" if sees_all else "unknown")
+        container.kill()
+        container.wait(timeout=30)
+        assert owner_state(owner) == ("gone" if sees_all else "unknown")
+    finally:
+        container.remove(force=True)
         client.close()

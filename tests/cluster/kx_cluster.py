@@ -89,6 +89,7 @@ class Swarm:
                 "HOME": "/tmp",
                 "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                 "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONPATH": str(PROJECT),  # this checkout's kernelexec, whatever is installed
             },
             user="0:0",  # the engine's socket is root's
             network=self.network,
