@@ -440,6 +440,26 @@ def cmd_cluster_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ._doctor import as_json, matrix, run_doctor, targets
+
+    rows = run_doctor(targets(args.backend))
+    report = as_json(rows)
+    print(json.dumps(report, indent=2) if args.json else matrix(rows))
+    return 0 if report["ok"] else 1
+
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="start each back end here and measure what it protects (exit 1 if a protection "
+        "it claims fails)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--backend", action="append", help="probe only this back end (repeatable)")
+    doctor.set_defaults(func=cmd_doctor)
+
+
 def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cluster = sub.add_parser("cluster", help="kernels on a cluster engine (Swarm, Kubernetes)")
     actions = cluster.add_subparsers(dest="cluster_command", required=True)
@@ -477,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_notebook(sub)
     _add_docker(sub)
     _add_cluster(sub)
+    _add_doctor(sub)
     _add_bench(sub)
     _add_chat(sub)
     add_mcp_command(sub)
