@@ -2,9 +2,8 @@
 
 Two client processes (hosts) start a session each, in a driver container on the tests' overlay
 network. One is SIGKILLed: gc run beside it (same pid namespace) lists and removes its service
-and keeps the live one's. The driver then exits, which kills the other host with it (the end of
-a pid namespace's init kills every process in it): gc run on this machine, outside that
-namespace, finds that host gone and removes its service.
+and keeps the live one's. Then the other host is killed and the driver container ends: gc run on
+this machine, outside that pid namespace, finds that host gone and removes its service.
 """
 
 from __future__ import annotations
@@ -66,7 +65,9 @@ def test_gc_removes_the_service_of_a_killed_client_and_keeps_a_live_ones(swarm: 
             return done.returncode, done.stdout, done.stderr
         report(dry=gc("--dry-run"), after_dry=services())
         report(done=gc(), after_gc=services(), dead_containers=containers(dead_id))
-        # Leaving now kills the live host with this container: its service stays behind.
+        # Now the other host is killed too, and this container ends: its service stays behind.
+        live.kill()
+        live.wait()
         """
     )
     live, dead = f"kx-{r['live']}", f"kx-{r['dead']}"
@@ -82,7 +83,8 @@ def test_gc_removes_the_service_of_a_killed_client_and_keeps_a_live_ones(swarm: 
     assert dead not in r["after_gc"] and live in r["after_gc"]
     assert r["dead_containers"] == []
 
-    # The live host died with its container; gc here (another pid namespace) finds it gone.
+    # The other host was killed, its container is gone; gc here (another pid namespace)
+    # finds it gone.
     assert live in swarm.services()
     line = _services_line(_gc("--dry-run"))
     assert live in line and live in swarm.services()
