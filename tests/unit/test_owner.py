@@ -68,3 +68,16 @@ def test_this_host_before_a_reboot_is_gone() -> None:
 )
 def test_a_record_that_is_not_one_is_none(text: str) -> None:
     assert Owner.from_text(text) is None
+
+
+def test_a_cgroup_name_records_its_owner_and_a_reused_pid_is_not_it() -> None:
+    from kernelexec.backends._containment import _owner_gone
+
+    me = this_process()
+    assert me.start is not None
+    assert not _owner_gone(f"kernelexec-{me.pid}-t{me.start}-0123456789ab")
+    assert not _owner_gone(f"kernelexec-{me.pid}-0123456789ab")  # an older name: pid only
+    assert _owner_gone(f"kernelexec-{me.pid}-t{me.start + 1}-0123456789ab")  # pid reused
+    assert _owner_gone(f"kernelexec-{_dead_pid()}-t1-0123456789ab")
+    assert _owner_gone(f"kernelexec-probe-{_dead_pid()}-01234567")
+    assert not _owner_gone("kernelexec-someone-else")
