@@ -360,7 +360,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     # Local leftovers first: they need no Docker engine. The cgroups go before the temp
     # folders: their processes (an orphaned kernel) are killed before its folder goes.
     say("cgroup(s)", sweep_orphans(dry_run=args.dry_run))
-    say("temp folder(s)", sweep_temp_folders(dry_run=args.dry_run))
+    say("temp folder(s) and file(s)", sweep_temp_folders(dry_run=args.dry_run))
     try:
         containers = gc(dry_run=args.dry_run)
         services = gc_services(dry_run=args.dry_run)

@@ -38,6 +38,9 @@ _MAX_RECORD = 4096
 #: the private temp folders a local and a forked kernel make (their sockets, connection file,
 #: log); ``sweep_temp_folders`` looks at these names only, never at a work dir in the temp folder
 TEMP_PREFIXES = ("kernelexec-ipc-", "kernelexec-fork-")
+#: a provisioned kernel's launcher log, a file whose first line is its owner's record
+LAUNCHER_LOG_PREFIX = "kernelexec-launcher-"
+OWNER_LINE = "kernelexec-owner: "
 
 State = Literal["gone", "alive", "unknown"]
 
@@ -124,6 +127,11 @@ def mark_folder(folder: str | os.PathLike[str]) -> None:
         f.write(this_process().to_text())
 
 
+def owner_line() -> bytes:
+    """The first line of a temp file kernelexec makes: the calling process's record."""
+    return f"{OWNER_LINE}{this_process().to_text()}\n".encode()
+
+
 def read_folder_owner(dir_fd: int) -> Owner | None:
     """The record in an open folder (``dir_fd``): a regular file of ours, never a link."""
     try:
@@ -155,17 +163,36 @@ def sweep_temp_folders(*, dry_run: bool = False, base: str | None = None) -> lis
     except OSError:
         return found
     for name in names:
-        if not name.startswith(TEMP_PREFIXES):
-            continue
         path = os.path.join(base, name)
-        if _folder_state(path) != "gone":
-            continue
-        found.append(path)
-        if not dry_run:
-            # rmtree opens the folder and compares it with what lstat saw (no link followed,
-            # inside either): on Linux it cannot be redirected out of the folder.
-            shutil.rmtree(path, ignore_errors=True)
+        if name.startswith(TEMP_PREFIXES) and _folder_state(path) == "gone":
+            found.append(path)
+            if not dry_run:
+                # rmtree opens the folder and compares it with what lstat saw (no link
+                # followed, inside either): on Linux it cannot be led out of the folder.
+                shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(LAUNCHER_LOG_PREFIX) and _file_state(path) == "gone":
+            found.append(path)
+            if not dry_run:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # the name, never what a link would point at
     return found
+
+
+def _file_state(path: str) -> State:
+    """The owner state of a temp file whose first line is a record: a regular file of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "unknown"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return "unknown"
+        first = f.readline(_MAX_RECORD).decode("utf-8", errors="replace")
+    if not first.startswith(OWNER_LINE):
+        return "unknown"
+    owner = Owner.from_text(first[len(OWNER_LINE) :])
+    return "unknown" if owner is None else owner_state(owner)
 
 
 def _folder_state(path: str) -> State:

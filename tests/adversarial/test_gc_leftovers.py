@@ -26,7 +26,15 @@ from conftest import require
 
 from kernelexec.backends._docker import labels_for
 from kernelexec.backends._docker_options import DEFAULT_IMAGE, DockerOptions
-from kernelexec.backends._owner import OWNER_FILE, Owner, mark_folder, owner_state, this_process
+from kernelexec.backends._owner import (
+    OWNER_FILE,
+    OWNER_LINE,
+    Owner,
+    mark_folder,
+    owner_line,
+    owner_state,
+    this_process,
+)
 
 HOST = Path(__file__).with_name("kx_leftovers_host.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +123,13 @@ def test_gc_removes_the_temp_folders_of_a_killed_host_and_nothing_else(tmp: str)
     # Its record a link to the dead owner's record: not a record.
     linked = Path(tempfile.mkdtemp(prefix="kernelexec-ipc-", dir=tmp))
     (linked / OWNER_FILE).symlink_to(target / OWNER_FILE)
+    # A launcher log (a provisioned kernel's) of the dead owner: removed; a live owner's and
+    # a link of that name to the dead one's: kept.
+    log = Path(tmp, "kernelexec-launcher-dead.log")
+    log.write_text(f"{OWNER_LINE}{record}\nthe launcher said\n")
+    live_log = Path(tmp, "kernelexec-launcher-live.log")
+    live_log.write_bytes(owner_line())
+    Path(tmp, "kernelexec-launcher-link.log").symlink_to(log)
     others = None
     if os.geteuid() == 0:  # another user's folder with a dead owner's record: not ours
         others = Path(tempfile.mkdtemp(prefix="kernelexec-ipc-", dir=tmp))
@@ -124,13 +139,14 @@ def test_gc_removes_the_temp_folders_of_a_killed_host_and_nothing_else(tmp: str)
 
     would = _line(_gc(tmp, "--dry-run"), "temp folder(s)")
     listed = set(would.partition(": ")[2].split())
-    assert listed == {*dead, str(planted)}, would
-    assert would.startswith("would remove 3 temp folder(s)")
+    assert listed == {*dead, str(planted), str(log)}, would
+    assert would.startswith("would remove 4 temp folder(s)")
     assert all(Path(d).is_dir() for d in dead)  # a dry run removes nothing
 
     done = _line(_gc(tmp), "temp folder(s)")
     assert set(done.partition(": ")[2].split()) == listed
-    assert not any(os.path.lexists(d) for d in [*dead, str(planted)])
+    assert not any(os.path.lexists(d) for d in [*dead, str(planted), str(log)])
+    assert live_log.is_file() and Path(tmp, "kernelexec-launcher-link.log").is_symlink()
     assert Path(live, OWNER_FILE).is_file() and Path(no_record).is_dir()
     assert (target / OWNER_FILE).is_file() and Path(tmp, "kernelexec-fork-link").is_symlink()
     assert Path("/etc/passwd").is_file() and Path(tmp, "kernelexec-fork-etc").is_symlink()

@@ -77,6 +77,9 @@ def test_gc_removes_the_service_of_a_killed_client_and_keeps_a_live_ones(swarm: 
     line = _services_line(out)
     assert line.startswith("would remove 1 service(s)") and dead in line and live not in line
     assert {live, dead} <= set(r["after_dry"])  # a dry run removes nothing
+    # The killed host's launcher log is listed too; the live host's is not.
+    (temp,) = [line for line in out.splitlines() if "temp folder(s)" in line]
+    assert temp.count("kernelexec-launcher-") == 1, temp
     status, out, err = r["done"]
     assert status == 0, err
     assert dead in _services_line(out) and live not in _services_line(out)
