@@ -46,6 +46,8 @@ PROBES = ("link", "fifo", "uid", "caps", "socket", "network", "env", "pids", "me
 LOCAL = ("command", "kernel", "fork-kernel")
 SANDBOXED = ("sandboxed-command", "sandboxed-kernel")
 DOCKER = ("docker-command", "docker-kernel")
+#: the back ends the doctor can probe: those that run on this machine
+BACKENDS = (*LOCAL, *SANDBOXED, *DOCKER)
 _ISOLATING = frozenset({"link", "fifo", "uid", "caps", "socket", "network", "env"})
 #: what each kind of back end claims to protect (the local ones only that the host never hangs)
 CLAIMS: Mapping[str, frozenset[str]] = {
@@ -110,7 +112,7 @@ class Target:
 def targets(names: Sequence[str] | None = None) -> list[Target]:
     """The back ends to probe: ``names`` (all of them by default), each Docker one under runc
     and, when the engine has it, gVisor's ``runsc``."""
-    chosen = list(names or (*LOCAL, *SANDBOXED, *DOCKER))
+    chosen = list(names or BACKENDS)
     runtimes = _docker_runtimes() if any(n in DOCKER for n in chosen) else []
     found: list[Target] = []
     for name in chosen:

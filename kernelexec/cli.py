@@ -456,7 +456,11 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "it claims fails)",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.add_argument("--backend", action="append", help="probe only this back end (repeatable)")
+    from ._doctor import BACKENDS  # a light import: the registry loads back ends lazily
+
+    doctor.add_argument(
+        "--backend", action="append", choices=BACKENDS, help="probe only this back end (repeatable)"
+    )
     doctor.set_defaults(func=cmd_doctor)
 
 
