@@ -428,10 +428,10 @@ def _judge(target: Target, seen: Mapping[str, Any], host: Mapping[str, Any]) -> 
         "caps": _caps(seen),
         "socket": _sockets(seen),
         "network": _network(seen),
-        "env": (not seen.get("env"), "the code sees the host's canary variable"),
+        "env": _env(seen),
         "pids": _limit(seen, host, "pids"),
         "memory": _limit(seen, host, "memory"),
-        "gvisor": (bool(seen.get("gvisor")), "the code runs on the host's kernel"),
+        "gvisor": _gvisor(seen),
     }
     cells: dict[str, Cell] = {}
     for probe_name, (holds, detail) in measured.items():
@@ -502,6 +502,18 @@ def _network(seen: Mapping[str, Any]) -> Verdict:
     if reached:
         return False, "the code reaches host listeners on " + ", ".join(reached)
     return True, ""
+
+
+def _env(seen: Mapping[str, Any]) -> Verdict:
+    if seen.get("env"):
+        return False, "the code sees the host's canary variable"
+    return True, ""
+
+
+def _gvisor(seen: Mapping[str, Any]) -> Verdict:
+    if seen.get("gvisor"):
+        return True, "dmesg / /proc/version: gVisor"
+    return False, "the code runs on the host's kernel"
 
 
 def _limit(seen: Mapping[str, Any], host: Mapping[str, Any], kind: str) -> Verdict:
