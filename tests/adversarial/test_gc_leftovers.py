@@ -9,6 +9,7 @@ only; containers and cgroups are the machine's (only those of dead owners are re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from conftest import require
 from kernelexec.backends._docker import labels_for
 from kernelexec.backends._docker_options import DEFAULT_IMAGE, DockerOptions
 from kernelexec.backends._owner import (
+    OWNER_ENV,
     OWNER_FILE,
     OWNER_LINE,
     Owner,
@@ -217,4 +219,52 @@ def test_an_owner_in_a_container_is_told_alive_then_gone_from_outside(
         assert owner_state(owner) == ("gone" if sees_all else "unknown")
     finally:
         container.remove(force=True)
+        client.close()
+
+
+def _dead_record() -> str:
+    """The owner record of a process that has exited."""
+    code = "from kernelexec.backends._owner import this_process; print(this_process().to_text())"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env(tempfile.gettempdir()),
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.docker
+def test_gc_removes_a_launcher_made_container_only_with_a_dead_owners_record(
+    tmp: str, docker_problem: str | None
+) -> None:
+    """A provisioner's launcher (Docker, not Swarm) makes the kernel's container with the
+    launching environment, the owner record included: that is what gc goes by."""
+    require("docker-kernel", docker_problem)
+    client = docker.from_env()
+    made = []
+
+    def launched(record: str | None) -> Any:
+        env = {} if record is None else {OWNER_ENV: record}
+        made.append(
+            client.containers.create(
+                DEFAULT_IMAGE, ["true"], labels={"kernel_id": "kx-gc-test"}, environment=env
+            )
+        )
+        return made[-1]
+
+    try:
+        dead = launched(_dead_record())
+        live = launched(this_process().to_text())
+        foreign = launched(None)  # another launcher's container: not ours
+        line = _line(_gc(tmp, "--dry-run"), "container(s)")
+        assert dead.short_id in line
+        assert live.short_id not in line and foreign.short_id not in line
+        assert dead.short_id in _line(_gc(tmp), "container(s)")
+        left = {c.id for c in client.containers.list(all=True, filters={"label": "kernel_id"})}
+        assert dead.id not in left and {live.id, foreign.id} <= left
+    finally:
+        for container in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
         client.close()
