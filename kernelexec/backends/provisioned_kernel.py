@@ -360,7 +360,8 @@ class ProvisionedKernel(KernelBackend):
         km.shutdown_wait_time = self.options.shutdown_wait
         self._km = km
         fd, self._log_path = tempfile.mkstemp(prefix=LAUNCHER_LOG_PREFIX, suffix=".log")
-        os.write(fd, owner_line())  # `kernelexec gc` removes the log once this process is gone
+        with contextlib.suppress(OSError):  # without it, gc cannot tell whose the log is
+            os.write(fd, owner_line())  # `kernelexec gc` removes it once this process is gone
         try:
             # The launcher is a local process: its output goes to a log, never to our stdout.
             launch = asyncio.ensure_future(
