@@ -349,20 +349,28 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from .backends._containment import sweep_orphans
-    from .backends._docker import gc
+    from .backends._docker import gc, gc_services
+    from .backends._owner import sweep_temp_folders
 
     verb = "would remove" if args.dry_run else "removed"
-    # Local cgroups first: they need no Docker engine.
-    cgroups = sweep_orphans(dry_run=args.dry_run)
-    print(f"{verb} {len(cgroups)} cgroup(s)" + (": " + " ".join(cgroups) if cgroups else ""))
+
+    def say(kind: str, found: list[str]) -> None:
+        print(f"{verb} {len(found)} {kind}" + (": " + " ".join(found) if found else ""))
+
+    # Local leftovers first: they need no Docker engine. The cgroups go before the temp
+    # folders: their processes (an orphaned kernel) are killed before its folder goes.
+    say("cgroup(s)", sweep_orphans(dry_run=args.dry_run))
+    say("temp folder(s) and file(s)", sweep_temp_folders(dry_run=args.dry_run))
     try:
-        removed = gc(dry_run=args.dry_run)
+        containers = gc(dry_run=args.dry_run)
+        services = gc_services(dry_run=args.dry_run)
     except DockerUnavailable as exc:
         # Without an engine there are no containers to remove (nor any left running): the
         # local sweep above is the whole job, and a machine without Docker is not a failure.
         print(f"no containers checked: {exc}", file=sys.stderr)
         return 0
-    print(f"{verb} {len(removed)} container(s)" + (": " + " ".join(removed) if removed else ""))
+    say("container(s)", containers)
+    say("service(s)", services)
     return 0
 
 
@@ -390,7 +398,8 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     build.set_defaults(func=cmd_image_build)
     gc = sub.add_parser(
         "gc",
-        help="remove kernelexec containers and local cgroups whose owner process is gone",
+        help="remove what kernelexec made whose owner process is gone: containers, Swarm "
+        "services, cgroups, private temp folders",
     )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     gc.set_defaults(func=cmd_gc)
@@ -431,6 +440,30 @@ def cmd_cluster_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ._doctor import as_json, matrix, run_doctor, targets
+
+    rows = run_doctor(targets(args.backend))
+    report = as_json(rows)
+    print(json.dumps(report, indent=2) if args.json else matrix(rows))
+    return 0 if report["ok"] else 1
+
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="start each back end here and measure what it protects (exit 1 if a protection "
+        "it claims fails)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    from ._doctor import BACKENDS  # a light import: the registry loads back ends lazily
+
+    doctor.add_argument(
+        "--backend", action="append", choices=BACKENDS, help="probe only this back end (repeatable)"
+    )
+    doctor.set_defaults(func=cmd_doctor)
+
+
 def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cluster = sub.add_parser("cluster", help="kernels on a cluster engine (Swarm, Kubernetes)")
     actions = cluster.add_subparsers(dest="cluster_command", required=True)
@@ -468,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_notebook(sub)
     _add_docker(sub)
     _add_cluster(sub)
+    _add_doctor(sub)
     _add_bench(sub)
     _add_chat(sub)
     add_mcp_command(sub)

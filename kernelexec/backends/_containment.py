@@ -225,7 +225,9 @@ class _CgroupJail(Jail):
         parent = _cgroup_parent(flavour)
         if parent is None:
             raise BackendUnavailable(f"no writable cgroup {flavour} hierarchy here")
-        self.path = parent / f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        # The owner's pid and start time (a pid alone can be reused): see ``sweep_orphans``.
+        pid = os.getpid()
+        self.path = parent / f"{_PREFIX}{pid}-t{_start_time(pid)}-{uuid.uuid4().hex[:12]}"
         try:
             self.path.mkdir()
         except OSError as exc:
@@ -302,13 +304,24 @@ def sweep_orphans(*, dry_run: bool = False) -> list[str]:
         if parent is None:
             continue
         for path in sorted(parent.glob(f"{_PREFIX}*")):
-            owner = path.name[len(_PREFIX) :].removeprefix("probe-").split("-", 1)[0]
-            if not path.is_dir() or not owner.isdigit() or _running(int(owner)):
+            if not path.is_dir() or not _owner_gone(path.name):
                 continue
             found.append(str(path))
             if not dry_run:
                 _CgroupJail(flavour, existing=path).close()
     return found
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the process a cgroup's name records (``kernelexec-PID-tSTART-ID``, or an older
+    ``kernelexec-PID-ID``) no longer runs; a reused pid, started at another time, is not it."""
+    pid, _, rest = name[len(_PREFIX) :].removeprefix("probe-").partition("-")
+    if not pid.isdigit():
+        return False
+    if not _running(int(pid)):
+        return True
+    start = rest.partition("-")[0]
+    return start[:1] == "t" and start[1:].isdigit() and int(start[1:]) != _start_time(int(pid))
 
 
 def subreaper_available() -> bool:

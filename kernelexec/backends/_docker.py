@@ -42,6 +42,7 @@ from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
 from ._docker_options import DockerOptions as DockerOptions
 from ._docker_options import merge_options as merge_options
+from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
 
 _HOW_TO_START = (
     "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
@@ -59,6 +60,8 @@ _BIND_DIR_HINT = (
 )
 
 log = logging.getLogger("kernelexec.docker")
+#: the label Swarm puts on a service's task containers
+_SWARM_SERVICE_LABEL = "com.docker.swarm.service.id"
 
 
 def in_container() -> bool:
@@ -175,6 +178,7 @@ def labels_for(kind: str, session: str, options: DockerOptions, **extra: str) ->
         LABEL_HOST: socket.gethostname(),
         LABEL_VERSION: __version__,
         LABEL_KIND: kind,
+        OWNER_LABEL: this_process().to_text(),
         **extra,
     }
 
@@ -570,32 +574,99 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[str]:
-    """Remove kernelexec containers on this host whose owner process is gone.
+def container_owner_state(labels: Mapping[str, str]) -> State:
+    """Whether the process that made a container (its labels say which) is gone."""
+    owner = Owner.from_text(labels.get(OWNER_LABEL, ""))
+    if owner is not None:
+        return owner_state(owner)
+    # An older kernelexec's container: its owner's pid, on its host, is all there is.
+    pid = labels.get(LABEL_OWNER_PID, "")
+    if labels.get(LABEL_HOST) != socket.gethostname() or not pid.isdigit():
+        return "unknown"
+    return "alive" if _pid_alive(int(pid)) else "gone"
 
-    Returns the short ids of the containers removed (or that would be, with ``dry_run``).
+
+def env_owner(env: Sequence[str] | None) -> Owner | None:
+    """The owner record in a container's or service's environment (``KEY=VALUE`` strings)."""
+    for item in env or ():
+        key, _, value = item.partition("=")
+        if key == OWNER_ENV:
+            return Owner.from_text(value)
+    return None
+
+
+def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[str]:
+    """Remove kernelexec containers whose owner process is gone.
+
+    Those the Docker back ends made (their labels name the owner) and those a provisioner's
+    launcher made for a provisioned kernel outside Swarm (their environment does). Returns the
+    short ids of the containers removed (or that would be, with ``dry_run``).
     """
     options = options or DockerOptions()
     client = make_client(options)
     try:
-        with translate_errors("listing containers"):
-            found = client.containers.list(all=True, filters={"label": LABEL_SESSION})
         removed: list[str] = []
-        for container in found:
-            labels = container.labels
-            if labels.get(LABEL_HOST) != socket.gethostname():
-                continue
-            pid = labels.get(LABEL_OWNER_PID, "")
-            if pid.isdigit() and _pid_alive(int(pid)):
+        for container, state in _our_containers(client):
+            if state != "gone":
                 continue
             removed.append(container.short_id)
             if not dry_run:
                 with translate_errors("removing a container"):
                     force_remove(container)
-                _remove_runtime_dir(labels.get(LABEL_RUNTIME_DIR))
+                _remove_runtime_dir(container.labels.get(LABEL_RUNTIME_DIR))
         return removed
     finally:
         client.close()
+
+
+def _our_containers(client: docker.DockerClient) -> list[tuple[Any, State]]:
+    with translate_errors("listing containers"):
+        found = client.containers.list(all=True, filters={"label": LABEL_SESSION})
+        launched = client.containers.list(all=True, filters={"label": "kernel_id"})
+    pairs = [(c, container_owner_state(c.labels)) for c in found]
+    for container in launched:
+        if _SWARM_SERVICE_LABEL in container.labels or LABEL_SESSION in container.labels:
+            continue  # a service's task (its service is removed instead), or listed above
+        owner = env_owner((container.attrs.get("Config") or {}).get("Env"))
+        if owner is not None:
+            pairs.append((container, owner_state(owner)))
+    return pairs
+
+
+def gc_services(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[str]:
+    """Remove the Swarm services of provisioned kernels whose owner process is gone.
+
+    A service is ours when its environment holds kernelexec's owner record (the provisioner's
+    launcher copied it there); any other service is left alone. Returns the names of the
+    services removed (or that would be, with ``dry_run``); none when the engine is no Swarm
+    manager.
+    """
+    options = options or DockerOptions()
+    client = make_client(options)
+    try:
+        with translate_errors("docker info"):
+            swarm = (client.info() or {}).get("Swarm") or {}
+        if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
+            return []
+        with translate_errors("listing services"):
+            found = client.services.list(filters={"label": "kernel_id"})
+        removed: list[str] = []
+        for service in found:
+            spec = (service.attrs.get("Spec") or {}).get("TaskTemplate") or {}
+            owner = env_owner((spec.get("ContainerSpec") or {}).get("Env"))
+            if owner is None or owner_state(owner) != "gone":
+                continue
+            removed.append(service.name)
+            if not dry_run:
+                call("removing a service", _remove_service, service)
+        return removed
+    finally:
+        client.close()
+
+
+def _remove_service(service: Any) -> None:
+    with contextlib.suppress(docker.errors.NotFound):  # gone already is fine
+        service.remove()
 
 
 def _remove_runtime_dir(label: str | None) -> None:

@@ -39,6 +39,7 @@ from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
+from ._owner import mark_folder
 from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
@@ -415,6 +416,7 @@ class ForkKernel(KernelBackend):
     def _request(self) -> dict[str, Any]:
         # IPC sockets in a private folder, as for a local kernel: no TCP port, no other user.
         self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
+        mark_folder(self._dir)  # `kernelexec gc` removes it once this process is gone
         connection_file = os.path.join(self._dir, "kernel.json")
         write_connection_file(connection_file, transport="ipc", ip=os.path.join(self._dir, "k"))
         # The environment goes in a file of the private folder that the kernel reads and

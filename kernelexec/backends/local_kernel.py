@@ -35,6 +35,7 @@ from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
 from ._fork_server import KERNEL_ARGS
 from ._iopub import BatchingClient
+from ._owner import mark_folder
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
@@ -261,6 +262,7 @@ class LocalKernel(KernelBackend):
         # IPC sockets in a private folder: nothing listens on a TCP port, and no other local
         # user can connect (ipykernel warns about unencrypted TCP otherwise).
         self._ipc_dir = tempfile.mkdtemp(prefix="kernelexec-ipc-")
+        mark_folder(self._ipc_dir)  # `kernelexec gc` removes it once this process is gone
         options: dict[str, Any] = {"transport": "ipc", "ip": os.path.join(self._ipc_dir, "k")}
         if self.python is None:
             specs: KernelSpecManager = _WrappedSpecs(KernelSpecManager(), jail.wrap)

@@ -42,6 +42,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .._errors import BackendUnavailable, KernelStartFailed
 from .._sync import Portal
 from ._iopub import BatchingClient
+from ._owner import LAUNCHER_LOG_PREFIX, OWNER_ENV, OWNER_LINE, owner_line, this_process
 from ._ready import start_channels
 from ._remote import setup_code
 from .base import KernelBackend, KernelClientLike
@@ -347,6 +348,9 @@ class ProvisionedKernel(KernelBackend):
         env.update(self._env)
         if self.username:
             env["KERNEL_USERNAME"] = self.username
+        # The launcher copies its environment into the service it creates (labels cannot be
+        # passed through it): `kernelexec gc` finds the service there once this process is gone.
+        env[OWNER_ENV] = this_process().to_text()
         return env
 
     async def _launch(self, timeout: float) -> None:
@@ -355,7 +359,9 @@ class ProvisionedKernel(KernelBackend):
         km = AsyncKernelManager(kernel_name=self.kernel_name, kernel_spec_manager=specs, log=log)
         km.shutdown_wait_time = self.options.shutdown_wait
         self._km = km
-        fd, self._log_path = tempfile.mkstemp(prefix="kernelexec-launcher-", suffix=".log")
+        fd, self._log_path = tempfile.mkstemp(prefix=LAUNCHER_LOG_PREFIX, suffix=".log")
+        with contextlib.suppress(OSError):  # without it, gc cannot tell whose the log is
+            os.write(fd, owner_line())  # `kernelexec gc` removes it once this process is gone
         try:
             # The launcher is a local process: its output goes to a log, never to our stdout.
             launch = asyncio.ensure_future(
@@ -524,7 +530,8 @@ def _tail(path: str | None, lines: int = 3) -> str:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+    said = [line.strip() for line in text.strip().splitlines() if not line.startswith(OWNER_LINE)]
+    return " | ".join(said[-lines:])
 
 
 # -- checks before a launch ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from kernelexec.backends._docker import (
     LABEL_HOST,
     LABEL_OWNER_PID,
     LABEL_RUNTIME_DIR,
+    OWNER_LABEL,
     RUNTIME_DIR_PREFIX,
     DockerOptions,
     gc,
@@ -91,6 +92,7 @@ def _labelled_container(
     client: docker.DockerClient, owner_pid: int, host: str | None = None, runtime: str = ""
 ) -> docker.models.containers.Container:
     labels = labels_for("test", f"gc-test-{owner_pid}", DockerOptions())
+    labels.pop(OWNER_LABEL)  # as an older kernelexec made them: the owner's pid and host only
     labels[LABEL_OWNER_PID] = str(owner_pid)
     if host is not None:
         labels[LABEL_HOST] = host
