@@ -165,6 +165,8 @@ class Door:
         if isinstance(path, str) and not os.path.isabs(path):
             return path
         absolute = Path(path)
+        if not absolute.is_absolute():
+            return absolute.as_posix()
         for base in (self.root, self.root.resolve()):
             with contextlib.suppress(ValueError):
                 rel = absolute.relative_to(base).as_posix()
@@ -372,6 +374,26 @@ class Door:
         parts = self._split(path)
         with self._folder(parts[:-1]) as folder:
             os.chown(parts[-1], uid, gid, dir_fd=folder, follow_symlinks=False)
+
+
+def read_regular(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
+    """A saved file's bytes by its full path, for callers that no longer know its work dir (a
+    result's ``files``): only a regular file whose own name is not a link, at most ``limit``
+    bytes; None for anything else (a FIFO is never opened). Prefer ``Door`` when the work dir is
+    known: a link planted in a folder on the way is followed here."""
+    folder, name = os.path.split(os.fspath(path))
+    try:
+        fd = os.open(folder or ".", _ROOT_FLAGS)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(_open_regular(fd, name, name), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            return handle.read(size) if size <= limit else None
+    except (OSError, UnsafePath):
+        return None
+    finally:
+        os.close(fd)
 
 
 # -- the steps -------------------------------------------------------------------------------
