@@ -47,6 +47,11 @@ _DIR_FLAGS = _ROOT_FLAGS | _NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | os.O_NOCTTY | _CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 
+#: kernelexec's own folder in every work dir. kernelexec never makes a link there, so a link
+#: found on the way to a folder it makes below it is the code's: removed (never followed) and
+#: replaced by the folder, so a planted link cannot stop the next block's code file or spill.
+OWN_DIR = ".kernelexec"
+
 #: Linux's limits: one name, and a whole path (PATH_MAX less its NUL)
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
@@ -179,10 +184,11 @@ class Door:
         with ``make``, missing folders are made on the way."""
         with self._root() as root:
             fd = os.dup(root)
+            reclaim = make and bool(parts) and parts[0] == OWN_DIR
             try:
                 for i, name in enumerate(parts):
                     current, fd = fd, -1  # _step closes it, whatever happens
-                    fd = _step(current, name, "/".join(parts[: i + 1]), make)
+                    fd = _step(current, name, "/".join(parts[: i + 1]), make, reclaim=reclaim)
                 yield fd
             finally:
                 if fd >= 0:
@@ -421,10 +427,11 @@ def _refusal(folder: int, name: str, rel: str) -> UnsafePath | None:
     return None
 
 
-def _step(fd: int, name: str, rel: str, make: bool) -> int:
-    """Open folder ``name`` inside ``fd`` (closing ``fd``), without following a link."""
+def _step(fd: int, name: str, rel: str, make: bool, *, reclaim: bool = False) -> int:
+    """Open folder ``name`` inside ``fd`` (closing ``fd``), without following a link; with
+    ``reclaim`` a link (or a file) in its place is removed and the folder made."""
     try:
-        for _ in range(3):  # a race with the code making or removing it: try again
+        for _ in range(5):  # a race with the code making or removing it: try again
             try:
                 return os.open(name, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -436,6 +443,9 @@ def _step(fd: int, name: str, rel: str, make: bool) -> int:
                     os.mkdir(name, 0o777, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    if reclaim:
+                        os.unlink(name, dir_fd=fd)  # the entry itself: never its target
+                        continue
                     refusal = _refusal(fd, name, rel)
                     if refusal is not None:
                         raise refusal from None

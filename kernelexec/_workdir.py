@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._door import Door
+from ._door import OWN_DIR, Door
 from ._errors import InvalidBlock, InvalidPath, KernelExecError
 
 #: kernelexec's own files (spilled output, saved notebooks' scratch) live here
-INTERNAL_DIR = ".kernelexec"
+INTERNAL_DIR = OWN_DIR
 
 # The literal prefix is required: any other first-line comment is just a comment.
 _FILENAME_RE = re.compile(r"^\s*(?:#|//|--|%|;|rem\s)\s*filename:\s*(\S.*?)\s*$", re.IGNORECASE)
@@ -55,7 +55,10 @@ def confine(
     """
     check_relative(relative, what=what, error=error)
     base = root.resolve()
-    target = (base / relative).resolve()
+    try:
+        target = (base / relative).resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13), ELOOP
+        raise error(f"{what} goes through a symbolic link loop: {relative}") from exc
     if target != base and base not in target.parents:
         raise error(f"{what} escapes the work dir: {relative}")
     if target == base and not allow_root:

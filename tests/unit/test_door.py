@@ -345,3 +345,20 @@ def test_errors_keep_their_built_in_kinds(door: Door, work: Path) -> None:
     with pytest.raises(NotADirectoryError) as info:
         door.read_bytes("f/x")
     assert info.value.errno == errno.ENOTDIR
+
+
+def test_links_in_kernelexecs_own_folder_are_removed_when_it_makes_one(
+    door: Door, work: Path, host: Path
+) -> None:
+    (work / ".kernelexec").symlink_to(host, target_is_directory=True)
+    door.write_bytes(".kernelexec/code/a.py", b"print(1)")
+    assert (work / ".kernelexec").is_dir() and not (work / ".kernelexec").is_symlink()
+    (work / ".kernelexec" / "output").symlink_to(host, target_is_directory=True)
+    with door.create_text(".kernelexec/output/block-1.txt") as f:
+        f.write("spill")
+    assert (work / ".kernelexec" / "output" / "block-1.txt").read_text() == "spill"
+    untouched(host)
+    with pytest.raises(UnsafePath):  # reading never removes anything
+        (work / ".kernelexec" / "x").symlink_to(host, target_is_directory=True)
+        door.read_bytes(".kernelexec/x/file")
+    assert (work / ".kernelexec" / "x").is_symlink()
