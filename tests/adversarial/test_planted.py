@@ -177,7 +177,7 @@ def test_the_spill_file_is_not_written_through_a_planted_link(ex: Any, outside: 
         assert str(spill) in r.output
 
 
-# -- 2. outputs/ as a link to a host folder ---------------------------------------------------------
+# -- 2. outputs/ as a link to a host folder --------------------------------------------------------
 @pytest.mark.parametrize("ex", planted(KERNEL_KINDS), indirect=True)
 def test_display_files_do_not_land_in_a_planted_host_folder(ex: Any, outside: Path) -> None:
     code = (
@@ -197,7 +197,7 @@ def test_display_files_do_not_land_in_a_planted_host_folder(ex: Any, outside: Pa
         (ex.work_dir / "outputs").unlink(missing_ok=True)
 
 
-# -- 3. the files API's temporary name, and a folder link on the way --------------------------------
+# -- 3. the files API's temporary name, and a folder link on the way -------------------------------
 @pytest.mark.parametrize("ex", planted(), indirect=True)
 def test_write_file_never_writes_through_a_planted_name(ex: Any, outside: Path) -> None:
     token = new_token()
@@ -221,7 +221,7 @@ def test_write_file_never_writes_through_a_planted_name(ex: Any, outside: Path) 
         ex.upload(outside / "file", f"dir-{token}/up.csv")
 
 
-# -- 4. kernelexec's own folders as links to a host folder ------------------------------------------
+# -- 4. kernelexec's own folders as links to a host folder -----------------------------------------
 @pytest.mark.parametrize("ex", planted(COMMAND_KINDS), indirect=True)
 def test_code_files_never_land_in_a_planted_host_folder(ex: Any, outside: Path) -> None:
     code = _MOVE_OWN + "".join(
@@ -247,7 +247,7 @@ def test_code_files_never_land_in_a_planted_host_folder(ex: Any, outside: Path) 
         assert (ex.work_dir / ".kernelexec" / "status").is_dir()
 
 
-# -- 5. a FIFO where the host reads ---------------------------------------------------------------------
+# -- 5. a FIFO where the host reads ----------------------------------------------------------------
 @pytest.mark.parametrize("ex", planted(), indirect=True)
 def test_a_planted_fifo_is_refused_at_once(ex: Any, tmp_path: Path) -> None:
     token = new_token()
@@ -285,7 +285,7 @@ def test_a_planted_fifo_is_refused_at_once(ex: Any, tmp_path: Path) -> None:
     assert ex.execute("print('usable')").output == "usable\n"
 
 
-# -- 6. link loops and links out in a listing -----------------------------------------------------------
+# -- 6. link loops and links out in a listing ------------------------------------------------------
 @pytest.mark.parametrize("ex", planted(), indirect=True)
 def test_loops_and_links_are_listed_as_links(ex: Any, outside: Path) -> None:
     token = new_token()
@@ -308,7 +308,7 @@ def test_loops_and_links_are_listed_as_links(ex: Any, outside: Path) -> None:
             op()
 
 
-# -- 7. bad input to the files API and a work dir taken away ----------------------------------------------
+# -- 7. bad input to the files API and a work dir taken away ---------------------------------------
 _CHEAP = ("command", "docker-command")
 
 
