@@ -180,12 +180,14 @@ def empty_session_notebook() -> NotebookNode:
 
 
 # -- reading and writing ----------------------------------------------------------------------
-def write_notebook(nb: NotebookNode, path: str | os.PathLike[str]) -> Path:
+def write_notebook(
+    nb: NotebookNode, path: str | os.PathLike[str], *, door: Door | None = None
+) -> Path:
     """Write ``nb`` atomically: a temp file in the same folder, flushed, then ``os.replace``.
 
     Readers (and a host process killed mid-write) see the old file or the new one, never a mix.
     """
-    return write_text_atomic(_writes(nb) + "\n", path)
+    return write_text_atomic(_writes(nb) + "\n", path, door=door)
 
 
 def write_text_atomic(text: str, path: str | os.PathLike[str], *, door: Door | None = None) -> Path:

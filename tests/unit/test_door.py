@@ -362,3 +362,17 @@ def test_links_in_kernelexecs_own_folder_are_removed_when_it_makes_one(
         (work / ".kernelexec" / "x").symlink_to(host, target_is_directory=True)
         door.read_bytes(".kernelexec/x/file")
     assert (work / ".kernelexec" / "x").is_symlink()
+
+
+def test_a_notebook_in_the_work_dir_is_written_through_the_door(work: Path, host: Path) -> None:
+    from kernelexec import NotebookError
+    from kernelexec._session import write_text_atomic
+
+    (work / "nb").symlink_to(host, target_is_directory=True)
+    (work / "s.ipynb").symlink_to(host / "file")
+    with Door(work) as d:
+        with pytest.raises(NotebookError, match="symbolic link"):
+            write_text_atomic("{}", work / "nb" / "s.ipynb", door=d)
+        write_text_atomic("{}", work / "s.ipynb", door=d)  # the link itself is replaced
+    assert (work / "s.ipynb").read_text() == "{}" and not (work / "s.ipynb").is_symlink()
+    untouched(host)
