@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         SessionLimitReached,
         SessionNotFound,
         UnknownExecutor,
+        UnsafePath,
     )
     from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
@@ -132,6 +133,7 @@ _LAZY: dict[str, str] = {
     "SessionOptions": ".pool",
     "SyncExecutor": "._executor",
     "UnknownExecutor": "._errors",
+    "UnsafePath": "._errors",
     "extract_code_blocks": "._extract",
     "make_async_executor": "._registry",
     "make_executor": "._registry",
@@ -202,6 +204,7 @@ __all__ = [
     "SessionOptions",
     "SyncExecutor",
     "UnknownExecutor",
+    "UnsafePath",
     "__version__",
     "extract_code_blocks",
     "make_async_executor",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -32,12 +32,15 @@ class TextBudget:
         *,
         spill_path: Path | None = None,
         spill_limit: int = DEFAULT_SPILL_LIMIT,
+        spill_open: Callable[[Path], TextIO] | None = None,
     ) -> None:
         if limit < 2:
             raise ValueError("limit must be at least 2 characters")
         self.limit = limit
         self.spill_path = spill_path
         self._spill_limit = spill_limit
+        # How the spill file is made: in a work dir, through its door (``Door.create_text``)
+        self._spill_open = spill_open or _open_plain
         self._spill: TextIO | None = None
         self._spilled = 0
         self._head: list[str] = []
@@ -116,8 +119,11 @@ class TextBudget:
         if self.spill_path is None or self._spilled >= self._spill_limit:
             return
         if self._spill is None:
-            self.spill_path.parent.mkdir(parents=True, exist_ok=True)
-            self._spill = open(self.spill_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            try:
+                self._spill = self._spill_open(self.spill_path)
+            except (OSError, ValueError):  # refused (a link planted on the way): no spill file
+                self.spill_path = None
+                return
         room = min(len(text), self._spill_limit - self._spilled)
         # In slices: writing a 50 MB string at once would encode a 50 MB copy of it.
         for start in range(0, room, _SPILL_CHUNK):
@@ -134,6 +140,11 @@ class TextBudget:
         if self._spill is not None:
             self._spill.close()
             self._spill = None
+
+
+def _open_plain(path: Path) -> TextIO:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8", errors="replace")
 
 
 def join_parts(parts: Sequence[tuple[str, int, str]], limit: int) -> tuple[str, int, str]:

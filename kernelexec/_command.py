@@ -7,15 +7,15 @@ import functools
 import hashlib
 import os
 import re
-import shutil
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ._budget import StreamDecoder, TextBudget
-from ._errors import InvalidBlock
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
+from ._door import Door
+from ._errors import InvalidBlock, KernelExecError
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._outputs import visible_text
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, folder_option
@@ -46,12 +46,11 @@ def _figure_env(host: Mapping[str, str], outputs_dir: str | None) -> dict[str, s
     return {"MPLBACKEND": "module://kernelexec_show", "PYTHONPATH": path}
 
 
-def _install_figure_backend(work_dir: Path) -> None:
+def _install_figure_backend(door: Door) -> None:
     """Put the backend in the work dir (a block may have deleted it, or the whole folder)."""
-    target = work_dir / _FIGURE_DIR / _FIGURE_BACKEND.name
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_FIGURE_BACKEND, target)
+    target = f"{_FIGURE_DIR}/{_FIGURE_BACKEND.name}"
+    if not door.is_file(target):
+        door.write_bytes(target, _FIGURE_BACKEND.read_bytes())
 
 
 class AsyncCommandLineExecutor(AsyncExecutor):
@@ -115,10 +114,11 @@ class AsyncCommandLineExecutor(AsyncExecutor):
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         try:
             code_path = self._write_code(block)
-        except OSError as exc:  # e.g. "# filename: data" where data is a directory
+        except (OSError, KernelExecError) as exc:  # "# filename: data", a folder; a link
             name = block.target.relative_to(self.work_dir) if block.target else "the code file"
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             return error_result(
-                f"Block refused: cannot write {name}: {exc.strerror or exc}",
+                f"Block refused: cannot write {name}: {why}",
                 language=block.language,
             )
         rel = code_path.relative_to(self.work_dir).as_posix()
@@ -141,7 +141,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         finally:
             capture.close()
             if self.options.cleanup_code_files and block.target is None:
-                code_path.unlink(missing_ok=True)
+                self._door.unlink(code_path)
         return capture.result(block, outcome, timeout, code_path)
 
     async def _run_until_closed(
@@ -168,7 +168,10 @@ class AsyncCommandLineExecutor(AsyncExecutor):
     def _block_env(self, block: PreparedBlock) -> dict[str, str]:
         if self.options.outputs_dir is None or block.language != "python":
             return self._env
-        _install_figure_backend(self.work_dir)
+        try:
+            _install_figure_backend(self._door)
+        except (OSError, KernelExecError):
+            return self._env  # its folder is a link the code planted: plots are not saved
         # plt.show() in this block saves figures as the stateful executor names them
         prefix = f"{self.options.outputs_dir}/cell{block.index}-"
         return {**self._env, "KERNELEXEC_FIGURE_PREFIX": prefix}
@@ -176,14 +179,13 @@ class AsyncCommandLineExecutor(AsyncExecutor):
     def _write_code(self, block: PreparedBlock) -> Path:
         if block.target is not None:
             path = block.target
-            path.parent.mkdir(parents=True, exist_ok=True)
         else:
             # surrogatepass: code from JSON may hold lone surrogates; it still gets a stable name
             digest = hashlib.sha256(block.code.encode("utf-8", "surrogatepass")).hexdigest()[:16]
             folder = self.work_dir / (self.code_dir or CODE_DIR)
-            folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"tmp_code_{digest}{_EXTENSIONS[block.language]}"
-        path.write_text(block.code, encoding="utf-8", errors="replace")
+        make_work_dir(self.work_dir)  # a block may have removed it
+        self._save_code(path, block.code)  # through the door: a planted link is not followed
         return path
 
 
@@ -206,7 +208,7 @@ class _Capture:
         limit = executor.options.output_limit
         spill = executor._internal_path("output", f"block-{index}.txt")
         self._executor = executor
-        self.combined = TextBudget(limit, spill_path=spill)
+        self.combined = TextBudget(limit, spill_path=spill, spill_open=executor._door.create_text)
         self.out = TextBudget(limit)
         self.err = TextBudget(limit)
         self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}

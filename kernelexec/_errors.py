@@ -22,7 +22,9 @@ callers can catch broadly::
     ├── UnknownExecutor             + ValueError     (a name the executor registry does not know)
     ├── InvalidBlock                + ValueError     (bad filename, unsupported language on request)
     ├── InvalidPath                 + ValueError     (a files-API path outside the work dir)
-    ├── FileTooLarge                + ValueError     (a file past the remote transfer limit)
+    │   └── UnsafePath                  a path through a link the code planted, or naming a
+    │                                   FIFO, socket or device: never followed, never read
+    ├── FileTooLarge                + ValueError     (a file past the files API's size limit)
     ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
     ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
@@ -110,8 +112,14 @@ class InvalidPath(KernelExecError, ValueError):
     """A path given to the files API is not a path inside the work dir."""
 
 
+class UnsafePath(InvalidPath):
+    """A work-dir path the host will not follow or read: a symbolic link on the way (the code
+    in the work dir may have planted it to point out of it), or a FIFO, socket or device where a
+    regular file was expected. Raised at once, with nothing written or read."""
+
+
 class FileTooLarge(KernelExecError, ValueError):
-    """A file is bigger than the limit for moving it through a remote kernel."""
+    """A file is bigger than the files API's limit (for a remote kernel, the transfer limit)."""
 
 
 class InvalidTimeout(KernelExecError, ValueError):

@@ -14,6 +14,7 @@ import inspect
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -26,7 +27,8 @@ from typing import Any, ClassVar, TypeVar
 from nbformat import NotebookNode
 
 from ._budget import DEFAULT_OUTPUT_LIMIT
-from ._errors import ExecutorClosed, InvalidBlock, InvalidTimeout, InvalidWorkDir
+from ._door import Door
+from ._errors import ExecutorClosed, InvalidBlock, InvalidPath, InvalidTimeout, InvalidWorkDir
 from ._extract import MarkdownCodeExtractor, normalize_language
 from ._files import FileEntry, FileStore, LocalFiles
 from ._session import SessionNotebook
@@ -184,8 +186,10 @@ class AsyncExecutor(ABC):
         self._owner = os.getpid()
         self._block_count = 0
         self._last_snapshot_size = 0
+        # Every host-side access to a path inside the work dir goes through this door.
+        self._door = Door(self._work_dir)
         # Every session is a notebook; with a path it is rewritten after each block.
-        self._notebook = SessionNotebook(path=notebook_path)
+        self._notebook = SessionNotebook(path=notebook_path, door=self._door)
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -207,16 +211,17 @@ class AsyncExecutor(ABC):
 
     def save_notebook(self, path: str | os.PathLike[str]) -> Path:
         """Write the session notebook to ``path`` atomically; returns the absolute path."""
-        return self._notebook.save(path)
+        return self._notebook.save(path, door=self._door)
 
     # -- files in and out (paths relative to the work dir, confined to it) ---------------------
     async def read_file(self, path: str) -> bytes:
         """The bytes of a file in the work dir."""
         return await self._with_files(lambda store: store.read(path))
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
+    async def write_file(self, path: str, data: bytes | bytearray | memoryview | str) -> None:
         """Write ``data`` (str is written as UTF-8) to a file in the work dir, atomically."""
-        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        # bytes-like data is not copied: a file past the size limit is refused before any copy
+        raw = data.encode("utf-8") if isinstance(data, str) else data
         await self._with_files(lambda store: store.write(path, raw))
 
     async def list_files(self, path: str = ".") -> list[FileEntry]:
@@ -237,20 +242,20 @@ class AsyncExecutor(ABC):
 
     async def download(self, path: str, local_path: str | os.PathLike[str]) -> Path:
         """Copy a work-dir file to the host (to ``local_path``, or into it if a folder)."""
-        target = Path(local_path)
-        if target.is_dir():
+        target = Path(local_path).absolute()
+        if self._is_folder(target):
             target = target / Path(path).name
         store = self._file_store()
-        if isinstance(store, LocalFiles):
+        if isinstance(store, LocalFiles) and self._inside(target) is None:
             await self._with_files(lambda _: store.copy_out(path, target))
         else:
             data = await self._with_files(lambda s: s.read(path))
-            await asyncio.to_thread(_write_host_file, target, data)
+            await asyncio.to_thread(self._write_host_file, target, data)
         return target.absolute()
 
     def _file_store(self) -> FileStore:
         """Where the files are; a kernel on another machine overrides this."""
-        return LocalFiles(self._work_dir)
+        return LocalFiles(self._work_dir, door=self._door)
 
     async def _with_files(self, op: Callable[[FileStore], Awaitable[_T]]) -> _T:
         self._check_open()
@@ -339,6 +344,7 @@ class AsyncExecutor(ABC):
                     await self._close()
             finally:
                 self._started = False
+                self._door.close()
                 if self._owns_work_dir:
                     shutil.rmtree(self._work_dir, ignore_errors=True)
 
@@ -374,6 +380,35 @@ class AsyncExecutor(ABC):
     def _internal_path(self, *parts: str) -> Path:
         """A path under the work dir's ``.kernelexec/`` folder (kernelexec's own files)."""
         return self._work_dir.joinpath(INTERNAL_DIR, *parts)
+
+    def _save_code(self, path: Path, code: str) -> None:
+        """Write a block's code file through the door (a link planted at its name or on the
+        way is replaced or refused, never written through)."""
+        self._door.write_bytes(path, code.encode("utf-8", errors="replace"))
+
+    def _inside(self, target: Path) -> str | None:
+        """``target`` relative to the work dir when it lies in it, else None."""
+        try:
+            return self._door.relative(target)
+        except InvalidPath:
+            return None
+
+    def _is_folder(self, target: Path) -> bool:
+        """A folder, asked through the door when it is in the work dir (no link followed)."""
+        inside = self._inside(target)
+        if inside is None:
+            return target.is_dir()
+        return inside == "" or _is_dir(self._door.lstat(inside))
+
+    def _write_host_file(self, target: Path, data: bytes) -> None:
+        """A downloaded file to the caller's path: through the door when that path is in the
+        work dir (where the code may have planted links), else as the caller named it."""
+        inside = self._inside(target)
+        if inside is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        else:
+            self._door.write_bytes(inside, data)
 
     def _emit(self, output: NbOutput) -> None:
         if self.on_output is not None:
@@ -457,9 +492,8 @@ class AsyncExecutor(ABC):
 _A = TypeVar("_A", bound=AsyncExecutor)
 
 
-def _write_host_file(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+def _is_dir(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISDIR(st.st_mode)
 
 
 class SyncExecutor(SyncFront[_A]):
@@ -504,7 +538,7 @@ class SyncExecutor(SyncFront[_A]):
         """The bytes of a file in the work dir."""
         return self._call(self._core.read_file, path)
 
-    def write_file(self, path: str, data: bytes | str) -> None:
+    def write_file(self, path: str, data: bytes | bytearray | memoryview | str) -> None:
         """Write ``data`` (str as UTF-8) to a file in the work dir, atomically."""
         self._call(self._core.write_file, path, data)
 

@@ -7,7 +7,9 @@ machine (a gateway): data travels base64-encoded in chunks, with a size limit, u
 requests that leave no history and no outputs.
 
 Every path is relative to the work dir and confined to it, as a block's ``# filename:`` is:
-absolute paths, ``..`` and symlinks leading out are refused with ``InvalidPath``.
+absolute paths, ``..`` and symlinks leading out are refused with ``InvalidPath``. On the host's
+own disk every access goes through the work dir's door (``_door``): no link is followed at all
+(``UnsafePath``), only regular files are read (a FIFO is refused at once, not waited on).
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ import ast
 import asyncio
 import base64
 import json
-import os
-import shutil
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ._door import Door, split
 from ._errors import FileTooLarge, InvalidPath
-from ._workdir import check_relative, confine
+from ._workdir import INTERNAL_DIR, check_relative, confine
 
 #: Largest file moved through a remote kernel (bytes); past it, ``FileTooLarge``.
 DEFAULT_TRANSFER_LIMIT = 100 * 1024 * 1024
+#: Largest file ``read_file`` / ``write_file`` move on the host's own disk (both are held in
+#: memory whole); past it, ``FileTooLarge`` before anything is read or written.
+DEFAULT_LOCAL_LIMIT = 1024 * 1024 * 1024
 # Raw bytes per protocol message (base64 makes it a third bigger on the wire).
 _CHUNK = 1024 * 1024
 
@@ -39,6 +44,8 @@ class FileEntry:
     path: str
     size: int
     is_dir: bool
+    #: a symbolic link (listed as itself, never followed: ``size`` is the link's own)
+    is_link: bool = False
 
 
 class FileStore(Protocol):
@@ -48,64 +55,77 @@ class FileStore(Protocol):
     through_kernel: bool
 
     async def read(self, path: str) -> bytes: ...
-    async def write(self, path: str, data: bytes) -> None: ...
+    async def write(self, path: str, data: bytes | bytearray | memoryview) -> None: ...
     async def listing(self, path: str) -> list[FileEntry]: ...
 
 
 class LocalFiles:
-    """The work dir on the host's disk (local and Docker back ends)."""
+    """The work dir on the host's disk (local and Docker back ends), through its door: no link
+    the code planted is followed, only regular files are read, writes land atomically."""
 
     through_kernel = False
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, *, door: Door | None = None, limit: int = DEFAULT_LOCAL_LIMIT
+    ) -> None:
         self.root = root
+        self.door = door or Door(root)
+        self.limit = limit
 
     async def read(self, path: str) -> bytes:
-        return await asyncio.to_thread(confine(self.root, path).read_bytes)
+        confine(self.root, path)  # the lexical check, and its message for a link leading out
+        return await asyncio.to_thread(self.door.read_bytes, path, limit=self.limit)
 
-    async def write(self, path: str, data: bytes) -> None:
-        target = confine(self.root, path)
-        await asyncio.to_thread(_write_atomically, target, data)
+    async def write(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        confine(self.root, path)
+        await asyncio.to_thread(self.door.write_bytes, path, data, limit=self.limit)
 
     async def listing(self, path: str) -> list[FileEntry]:
-        target = confine(self.root, path, allow_root=True)
-        return await asyncio.to_thread(_list_dir, self.root.resolve(), target)
+        confine(self.root, path, allow_root=True)
+        return await asyncio.to_thread(_list_dir, self.door, path)
 
     async def copy_in(self, source: Path, path: str) -> None:
         """Stream a host file in (no size limit: nothing is held in memory)."""
-        target = confine(self.root, path)
-        await asyncio.to_thread(_copy_file, source, target)
+        confine(self.root, path)
+        if source.is_dir():
+            raise IsADirectoryError(f"{source} is a directory")
+        await asyncio.to_thread(self.door.copy_in, source, path)
 
     async def copy_out(self, path: str, dest: Path) -> None:
-        await asyncio.to_thread(_copy_file, confine(self.root, path), dest)
+        confine(self.root, path)
+        await asyncio.to_thread(_copy_out, self.door, path, dest)
 
 
-def _write_atomically(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.kx-partial")
-    partial.write_bytes(data)
-    os.replace(partial, target)
+def _copy_out(door: Door, path: str, dest: Path) -> None:
+    """A work-dir file to a host path the caller chose (its size when opened, no more)."""
+    with door.open_regular(path) as (handle, size):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as out:
+            left = size
+            while left > 0 and (chunk := handle.read(min(left, _CHUNK))):
+                out.write(chunk)
+                left -= len(chunk)
 
 
-def _copy_file(source: Path, target: Path) -> None:
-    if source.is_dir():
-        raise IsADirectoryError(f"{source} is a directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
-
-
-def _list_dir(root: Path, target: Path) -> list[FileEntry]:
-    if not target.exists():
-        raise FileNotFoundError(f"no such file or directory in the work dir: {target.name}")
-    paths = [target] if target.is_file() else sorted(target.iterdir())
+def _list_dir(door: Door, path: str) -> list[FileEntry]:
+    rel = door.relative(path)
+    inner = "" if rel in ("", ".") else "/".join(split(rel))
+    st = door.lstat(inner) if inner else None
+    if inner and st is None:
+        raise FileNotFoundError(f"no such file or directory in the work dir: {path}")
+    if st is not None and not stat.S_ISDIR(st.st_mode):  # a file, or a link listed as a link
+        return [_entry(inner, st.st_mode, st.st_size)]
     entries = []
-    for p in paths:
-        if p.name == ".kernelexec" and p.parent == root:  # kernelexec's own files
+    for entry in door.scandir(inner):
+        if not inner and entry.name == INTERNAL_DIR:  # kernelexec's own files
             continue
-        stat = p.stat()
-        rel = p.relative_to(root).as_posix()
-        entries.append(FileEntry(path=rel, size=stat.st_size, is_dir=p.is_dir()))
+        rel_path = f"{inner}/{entry.name}" if inner else entry.name
+        entries.append(_entry(rel_path, entry.mode, entry.size))
     return entries
+
+
+def _entry(path: str, mode: int, size: int) -> FileEntry:
+    return FileEntry(path=path, size=size, is_dir=stat.S_ISDIR(mode), is_link=stat.S_ISLNK(mode))
 
 
 # -- through the kernel -----------------------------------------------------------------------
@@ -186,7 +206,7 @@ class KernelFiles:
             chunks.append(base64.b64decode(answer["data"]))
         return b"".join(chunks)
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write(self, path: str, data: bytes | bytearray | memoryview) -> None:
         check_relative(path)
         self._check_size(path, len(data))
         for i, offset in enumerate(range(0, max(len(data), 1), _CHUNK)):

@@ -556,6 +556,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             spill_path=self._internal_path("output", f"block-{block.index}.txt"),
             on_output=self._emit,
             outputs_dir=self.options.outputs_dir,
+            door=self._door,
         )
         block_run = _BlockRun(self, code, collector, timeout)
         try:
@@ -617,8 +618,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     def _code_for(self, block: PreparedBlock) -> str:
         if block.target is not None:
-            block.target.parent.mkdir(parents=True, exist_ok=True)
-            block.target.write_text(block.code, encoding="utf-8")
+            self._save_code(block.target, block.code)
         if block.language == "shell" and not block.code.strip():
             return ""  # nothing to run; %%bash refuses an empty cell body
         if block.language == "shell":

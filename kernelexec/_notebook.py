@@ -20,6 +20,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbformat import NotebookNode
 
+from ._door import Door
 from ._errors import NotebookError
 from ._executor import AsyncExecutor, SyncExecutor, executor_label
 from ._kernel import AsyncKernelExecutor, KernelExecutor
@@ -148,6 +149,9 @@ class _Run:
         self.kind = ""
         self.count = 0
         self.status: dict[str, Any] = {"status": "ok", "failed_cells": []}
+        # the work dir's door while it runs: an output notebook inside the work dir (the
+        # notebook's own folder by default) is written through it, past any planted link
+        self._door: Door | None = None
         for cell in nb.cells:
             if cell.cell_type == "code":  # stale outputs would look like this run's
                 cell.outputs, cell.execution_count = [], None
@@ -180,13 +184,14 @@ class _Run:
     def save(self) -> None:
         self.nb.metadata[META_KEY] = dict(self.status)
         if self.output_path is not None:
-            write_notebook(self.nb, self.output_path)
+            write_notebook(self.nb, self.output_path, door=self._door)
 
     async def execute(self, executor: AsyncExecutor) -> NotebookNode:
         started = time.perf_counter()
         self.kind = self.status["executor"] = executor_label(executor)
         todo = self.cells()
-        with _Progress(self.progress, len(todo)) as advance:
+        self._door = Door(executor.work_dir)
+        with self._door, _Progress(self.progress, len(todo)) as advance:
             for index, cell in todo:
                 result = await executor.execute(
                     str(cell.source), self.language, timeout=self.timeout
@@ -194,8 +199,9 @@ class _Run:
                 advance()
                 if not self.record(index, cell, result):
                     break
-        self.status["duration_s"] = round(time.perf_counter() - started, 3)
-        self.save()
+            self.status["duration_s"] = round(time.perf_counter() - started, 3)
+            self.save()
+        self._door = None
         return self.nb
 
 

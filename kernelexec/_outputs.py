@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ._budget import TextBudget, join_parts, omitted_marker
+from ._door import Door
+from ._errors import KernelExecError
 from ._types import ErrorInfo, NbOutput
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -223,15 +225,19 @@ class OutputCollector:
         spill_path: Path | None,
         on_output: Callable[[NbOutput], None] | None = None,
         outputs_dir: str | None = "outputs",
+        door: Door | None = None,
     ) -> None:
         self._work_dir = work_dir
+        # Display files and the spill file are written through the work dir's door: the code
+        # may have planted links where they go (``outputs/`` as a link to a host folder).
+        self._door = door or Door(work_dir)
         #: where rich outputs are saved, relative to the work dir (None: not saved as files)
         self._outputs_dir = outputs_dir
         self._cell = cell
         self._limit = limit
         self._on_output = on_output
         self._items: list[_Item] = []
-        self._log = TextBudget(limit, spill_path=spill_path)
+        self._log = TextBudget(limit, spill_path=spill_path, spill_open=self._door.create_text)
         self._std = {"stdout": TextBudget(limit), "stderr": TextBudget(limit)}
         self._display_ids: dict[str, list[_Display]] = {}
         self._saved: list[Path] = []
@@ -414,7 +420,7 @@ class OutputCollector:
             return
         for mime, (ext, encoding) in self._file_forms(display.out["data"]):
             path = self._work_dir / self._outputs_dir / f"cell{self._cell}-{display.k}.{ext}"
-            written = _write_payload(path, display.out["data"][mime], encoding)
+            written = _write_payload(self._door, path, display.out["data"][mime], encoding)
             if written and path not in self._saved:
                 self._saved.append(path)
 
@@ -496,7 +502,7 @@ class OutputCollector:
             stdout=strip_ansi(self._std["stdout"].text()),
             stderr=strip_ansi(self._std["stderr"].text()),
             error=self.error,
-            files=[p for p in self._saved if p.exists()],
+            files=[p for p in self._saved if self._door.is_file(p)],
             truncated=truncated,
             full_output_file=self._log.spilled_to if truncated else None,
             execution_count=self.execution_count,
@@ -585,8 +591,9 @@ def _error_text(out: NbOutput) -> str:
     return f"{out.get('ename')}: {out.get('evalue')}"
 
 
-def _write_payload(path: Path, payload: Any, encoding: str) -> bool:
-    """Write one MIME payload; False when it cannot be decoded (left in ``outputs`` only)."""
+def _write_payload(door: Door, path: Path, payload: Any, encoding: str) -> bool:
+    """Write one MIME payload; False when it cannot be decoded or the door refuses its place
+    (a link planted on the way): it is then in ``outputs`` only."""
     try:
         if encoding == "base64":
             raw = base64.b64decode(_as_text(payload), validate=False)
@@ -596,8 +603,10 @@ def _write_payload(path: Path, payload: Any, encoding: str) -> bool:
             raw = _as_text(payload).encode("utf-8", errors="replace")
     except (binascii.Error, ValueError, TypeError):
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
+    try:
+        door.write_bytes(path, raw)
+    except (OSError, KernelExecError):
+        return False
     return True
 
 

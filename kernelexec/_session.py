@@ -15,6 +15,7 @@ import base64
 import copy
 import json
 import os
+import stat
 import tempfile
 import textwrap
 import threading
@@ -30,7 +31,8 @@ import nbformat.v4
 import nbformat.v4.rwbase
 from nbformat import NotebookNode
 
-from ._errors import NotebookError
+from ._door import Door
+from ._errors import InvalidPath, InvalidWorkDir, NotebookError
 from ._types import ExecutionResult
 
 # nbformat's functions carry no annotations; these typed names keep mypy --strict meaningful.
@@ -178,17 +180,33 @@ def empty_session_notebook() -> NotebookNode:
 
 
 # -- reading and writing ----------------------------------------------------------------------
-def write_notebook(nb: NotebookNode, path: str | os.PathLike[str]) -> Path:
+def write_notebook(
+    nb: NotebookNode, path: str | os.PathLike[str], *, door: Door | None = None
+) -> Path:
     """Write ``nb`` atomically: a temp file in the same folder, flushed, then ``os.replace``.
 
     Readers (and a host process killed mid-write) see the old file or the new one, never a mix.
     """
-    return write_text_atomic(_writes(nb) + "\n", path)
+    return write_text_atomic(_writes(nb) + "\n", path, door=door)
 
 
-def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
-    """Replace ``path`` with ``text`` so that no reader ever sees a partial file."""
+def write_text_atomic(text: str, path: str | os.PathLike[str], *, door: Door | None = None) -> Path:
+    """Replace ``path`` with ``text`` so that no reader ever sees a partial file.
+
+    A path inside ``door``'s work dir is written through the door: the code there may have
+    planted a link on the way, which a path-based write would follow out of it.
+    """
     target = Path(path).absolute()
+    inside = _inside(door, target)
+    if door is not None and inside is not None:
+        try:
+            old = door.lstat(inside)
+            regular = old is not None and stat.S_ISREG(old.st_mode)
+            mode = old.st_mode & 0o7777 if old is not None and regular else 0o666 & ~_umask()
+            door.write_bytes(inside, text.encode("utf-8"), mode=mode)
+        except (OSError, InvalidPath, InvalidWorkDir) as exc:
+            raise NotebookError(f"cannot write notebook {target}: {exc}") from exc
+        return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         mode = _file_mode(target)
@@ -207,6 +225,15 @@ def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
     except OSError as exc:
         raise NotebookError(f"cannot write notebook {target}: {exc}") from exc
     return target
+
+
+def _inside(door: Door | None, target: Path) -> str | None:
+    if door is None:
+        return None
+    try:
+        return door.relative(target) or None
+    except InvalidPath:
+        return None
 
 
 def _file_mode(target: Path) -> int:
@@ -265,8 +292,11 @@ def _add_missing_ids(nb: NotebookNode) -> None:
 class SessionNotebook:
     """The notebook an executor keeps of its session; optionally mirrored to a file."""
 
-    def __init__(self, *, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, *, path: str | os.PathLike[str] | None = None, door: Door | None = None
+    ) -> None:
         self.path = None if path is None else Path(path).absolute()
+        self._door = door  # the work dir's: a notebook path inside it is written through it
         self._nb = empty_session_notebook()
         # Cells never change once recorded, so each is serialized once: rewriting the file after
         # every block then costs the write, not re-encoding (and re-validating) the whole session.
@@ -297,7 +327,7 @@ class SessionNotebook:
     def _append(self, cells: list[NotebookNode]) -> None:
         self._nb.cells.extend(cells)
         if self.path is not None:
-            write_text_atomic(self._text(), self.path)
+            write_text_atomic(self._text(), self.path, door=self._door)
 
     def _text(self) -> str:
         """The notebook as ``nbformat.write`` would write it, from the cached cell texts."""
@@ -314,9 +344,9 @@ class SessionNotebook:
         with self._guard:
             return copy.deepcopy(self._nb)
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
+    def save(self, path: str | os.PathLike[str], *, door: Door | None = None) -> Path:
         with self._guard:
-            return write_text_atomic(self._text(), path)
+            return write_text_atomic(self._text(), path, door=door or self._door)
 
 
 _CELLS_MARK = "__kernelexec_cells__"

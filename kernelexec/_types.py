@@ -16,12 +16,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ._door import read_regular
+
 # AutoGen's convention: 0 success, 1 error, 124 timeout.
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 124
 
 # Raster formats vision chat APIs accept (SVG is not one of them).
+# An image file past this is not put in a chat message (no API takes one that large).
+_MAX_IMAGE_BYTES = 64 * 1024 * 1024
 _IMAGE_SUFFIXES = {
     ".png": "image/png",
     ".jpg": "image/jpeg",
@@ -143,8 +147,9 @@ class ExecutionResult:
         images: list[tuple[str, bytes]] = []
         for path in self.files:
             mime = _IMAGE_SUFFIXES.get(path.suffix.lower())
-            if mime is not None and path.is_file():
-                images.append((mime, path.read_bytes()))
+            raw = None if mime is None else read_regular(path, limit=_MAX_IMAGE_BYTES)
+            if mime is not None and raw is not None:  # no FIFO, no link at the file's name
+                images.append((mime, raw))
         for out in self.outputs:
             data = out.get("data") or {}
             # One output is one image: its best form (a PIL image carries PNG and JPEG).

@@ -8,10 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._door import OWN_DIR, Door
 from ._errors import InvalidBlock, InvalidPath, KernelExecError
 
 #: kernelexec's own files (spilled output, saved notebooks' scratch) live here
-INTERNAL_DIR = ".kernelexec"
+INTERNAL_DIR = OWN_DIR
 
 # The literal prefix is required: any other first-line comment is just a comment.
 _FILENAME_RE = re.compile(r"^\s*(?:#|//|--|%|;|rem\s)\s*filename:\s*(\S.*?)\s*$", re.IGNORECASE)
@@ -54,7 +55,10 @@ def confine(
     """
     check_relative(relative, what=what, error=error)
     base = root.resolve()
-    target = (base / relative).resolve()
+    try:
+        target = (base / relative).resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13), ELOOP
+        raise error(f"{what} goes through a symbolic link loop: {relative}") from exc
     if target != base and base not in target.parents:
         raise error(f"{what} escapes the work dir: {relative}")
     if target == base and not allow_root:
@@ -91,27 +95,23 @@ class Snapshot:
 
     @classmethod
     def take(cls, root: Path, *, skip: Iterable[str] = ()) -> Snapshot:
+        """Walked through the work dir's door: folders entered by descriptor, so a folder the
+        code swaps for a link mid-walk is not followed out (links are never files here)."""
         skipped = {INTERNAL_DIR, *skip}
         entries: dict[str, tuple[int, int]] = {}
-        stack = [root]
-        while stack and len(entries) < MAX_SCAN_ENTRIES:
-            current = stack.pop()
-            try:
-                with os.scandir(current) as it:
-                    for entry in it:
-                        rel = os.path.relpath(entry.path, root)
-                        if rel in skipped or entry.name == "__pycache__":
-                            continue
-                        try:
-                            if entry.is_dir(follow_symlinks=False):
-                                stack.append(Path(entry.path))
-                            elif entry.is_file(follow_symlinks=False):
-                                st = entry.stat(follow_symlinks=False)
-                                entries[rel] = (st.st_mtime_ns, st.st_size)
-                        except OSError:
-                            continue
-            except OSError:
-                continue  # deleted or unreadable while we walked: nothing to report there
+
+        def pruned(rel: str) -> bool:
+            return rel in skipped or rel.rsplit("/", 1)[-1] == "__pycache__"
+
+        try:
+            with Door(root) as door:
+                for rel, entry in door.walk(skip=pruned):
+                    if entry.is_file:
+                        entries[rel] = (entry.mtime_ns, entry.size)
+                        if len(entries) >= MAX_SCAN_ENTRIES:
+                            break
+        except (OSError, KernelExecError):
+            pass  # no work dir (yet, or any more): nothing to report
         return cls(entries)
 
     def changed_since(self, before: Snapshot) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from .._door import Door
 from .._errors import InvalidBlock, SessionLimitReached, SessionNotFound
 from .._executor import AsyncExecutor, error_result
 from .._registry import EXECUTORS, executor_entry, make_async_executor
@@ -352,7 +354,7 @@ class Hub:
         if remote:
             await self.record(name).executor.write_file(relative, data)
             return
-        await asyncio.to_thread(_write_here, target, data)
+        await asyncio.to_thread(_write_here, self.path(name, "."), target, data)
 
     async def read_remote(self, name: str, relative: str) -> bytes:
         """A file ``locate`` placed with the kernel (read through it, size-limited)."""
@@ -377,18 +379,18 @@ class Hub:
         record = self.record(name)
         self._save_notebook(record)
         root = self.path(name, relative)
-        if not root.is_dir():
-            raise InvalidBlock(f"not a directory: {relative}")
-        base = record.executor.work_dir.resolve()
         entries = []
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(base)
-            if INTERNAL_DIR in rel.parts or not path.is_file():
-                continue
-            entries.append({"path": rel.as_posix(), "size": path.stat().st_size})
-            if len(entries) >= _MAX_LISTED:
-                break
-        return entries
+        # Through the door: folders entered by descriptor, links listed as nothing (never
+        # followed, loops included), only regular files counted.
+        with Door(record.executor.work_dir) as door:
+            inner = door.relative(root)
+            st = door.lstat(inner) if inner else None
+            if inner and (st is None or not stat.S_ISDIR(st.st_mode)):
+                raise InvalidBlock(f"not a directory: {relative}")
+            for rel, entry in door.walk(inner, skip=lambda r: r.split("/")[0] == INTERNAL_DIR):
+                if entry.is_file:
+                    entries.append({"path": rel, "size": entry.size})
+        return sorted(entries, key=lambda e: str(e["path"]))[:_MAX_LISTED]
 
     def _save_notebook(self, record: _Record) -> None:
         """Written when asked for, not after every block: a block's latency stays the kernel's."""
@@ -397,6 +399,7 @@ class Hub:
             record.notebook_dirty = False
 
 
-def _write_here(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+def _write_here(work_dir: Path, target: Path, data: bytes) -> None:
+    """A file into a work dir on this host, through its door (no planted link followed)."""
+    with Door(work_dir) as door:
+        door.write_bytes(target, data)

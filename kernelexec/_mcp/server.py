@@ -15,7 +15,9 @@ import contextlib
 import hmac
 import json
 import mimetypes
+import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +29,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent
 
+from .._door import Door
 from .._errors import KernelExecError
 from .._types import ExecutionResult, NbOutput
 from .._version import __version__
@@ -82,17 +85,31 @@ def result_content(result: ExecutionResult, work_dir: Path) -> list[ContentBlock
     """The text an LLM reads, each image as image content, other files as resource links."""
     text = result.output.rstrip("\n") or "(no output)"
     blocks: list[ContentBlock] = [TextContent(type="text", text=f"{text}\n[{_status(result)}]")]
-    for path in result.files:
-        if not path.is_file():  # removed since the block ended
-            continue
-        mime = _IMAGE_TYPES.get(path.suffix.lower())
-        size = path.stat().st_size
-        if mime is not None and size <= MAX_INLINE_IMAGE:
-            data = base64.b64encode(path.read_bytes()).decode("ascii")
-            blocks.append(ImageContent(type="image", data=data, mime_type=mime))
-            continue
-        blocks.append(_link(path, work_dir, size))
+    with Door(work_dir) as door:  # the code may have swapped a file for a link or a FIFO
+        for path in result.files:
+            st = _regular(door, path)
+            if st is None:  # removed since the block ended, or no longer a regular file
+                continue
+            mime = _IMAGE_TYPES.get(path.suffix.lower())
+            if mime is not None and st.st_size <= MAX_INLINE_IMAGE:
+                try:
+                    raw = door.read_bytes(path, head=MAX_INLINE_IMAGE)
+                except (OSError, KernelExecError):
+                    continue
+                data = base64.b64encode(raw).decode("ascii")
+                blocks.append(ImageContent(type="image", data=data, mime_type=mime))
+                continue
+            blocks.append(_link(path, work_dir, st.st_size))
     return blocks
+
+
+def _regular(door: Door, path: Path) -> os.stat_result | None:
+    """``path``'s lstat when it is a regular file reached through no link, else None."""
+    try:
+        st = door.lstat(path)
+    except (OSError, KernelExecError):
+        return None
+    return st if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def _utf8_head(raw: bytes, *, cut: bool) -> str:
@@ -308,12 +325,13 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
             if remote:
                 data = await hub.read_remote(session, path)
                 return _file_content(path, len(data), data, None, _inline_image(path, len(data)))
-            if not target.is_file():
-                raise ValueError(f"no such file in the work dir: {path}")
-            size = target.stat().st_size
-            mime = _inline_image(target.name, size)
-            with target.open("rb") as handle:
-                head = handle.read(-1 if mime else MAX_READ)
+            with Door(hub.path(session, ".")) as door:
+                try:  # regular files only, no link followed: never a FIFO that blocks
+                    with door.open_regular(target) as (handle, size):
+                        mime = _inline_image(target.name, size)
+                        head = handle.read(size if mime else min(size, MAX_READ))
+                except (FileNotFoundError, IsADirectoryError):
+                    raise ValueError(f"no such file in the work dir: {path}") from None
             link = _link(target, hub.path(session, "."), size)
             return _file_content(path, size, head, link, mime)
 

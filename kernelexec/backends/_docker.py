@@ -27,6 +27,7 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
+from .._door import Door
 from .._errors import DockerConfigError, DockerUnavailable, ImageNotFound, KernelExecError
 from .._version import __version__
 from .._workdir import INTERNAL_DIR
@@ -235,6 +236,17 @@ def prepare_host_dir(path: Path, options: DockerOptions) -> None:
     os.chown(path, int(uid), int(gid) if gid.isdigit() else int(uid))
 
 
+def prepare_inside(door: Door, path: str, options: DockerOptions) -> None:
+    """``prepare_host_dir`` for a folder inside the work dir, made and handed over through its
+    door: the code may have planted a link there, whose target root must not give away."""
+    door.makedirs(path)
+    if not hasattr(os, "getuid") or os.getuid() != 0:
+        return
+    uid, _, gid = options.resolved_user().partition(":")
+    if uid.isdigit() and uid != "0":
+        door.chown(path, int(uid), int(gid) if gid.isdigit() else int(uid))
+
+
 def force_remove(container: Any) -> None:
     """Kill and remove a container at once (no stop grace period); gone already is fine."""
     with contextlib.suppress(docker.errors.NotFound):
@@ -277,6 +289,8 @@ class ContainerHandle:
         self.session = new_session_id()
         self.container: Any = None
         self.work_dir: Path | None = None
+        #: the work dir's door (see ``_door``): kernelexec's own files there go through it
+        self.door: Door | None = None
         #: where the container ``close()`` kept is (``DockerOptions.auto_remove`` /
         #: ``stop_container``), in words; None when nothing was kept
         self.kept: str | None = None
@@ -286,6 +300,8 @@ class ContainerHandle:
         """Connect (once per handle until ``close``), check the image, hand ``work_dir`` (mounted
         at ``WORKSPACE`` in every container) to the container user."""
         self.work_dir = work_dir
+        if self.door is None or self.door.root != work_dir.absolute():
+            self.door = Door(work_dir)
         if self._client is None:
             self._client = await asyncio.to_thread(make_client, self.options)
         await asyncio.to_thread(check_image, self._client, self.options.image)
@@ -400,6 +416,8 @@ class ContainerHandle:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+        if self.door is not None:
+            self.door.close()
 
     def _api(self) -> docker.APIClient:
         assert self._client is not None
@@ -441,16 +459,15 @@ class ContainerHandle:
                     force_remove(container)
                     raise
         finally:
-            marker.unlink(missing_ok=True)
+            assert self.door is not None
+            self.door.unlink(marker)
         return container
 
     def _write_marker(self) -> Path:
         """A file in the work dir the new container must see (else its mount is the wrong one)."""
-        assert self.work_dir is not None
-        folder = self.work_dir / INTERNAL_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        marker = folder / f"mount-check-{self.session}-{uuid.uuid4().hex[:8]}"
-        marker.write_text("kernelexec\n")
+        assert self.work_dir is not None and self.door is not None
+        marker = self.work_dir / INTERNAL_DIR / f"mount-check-{self.session}-{uuid.uuid4().hex[:8]}"
+        self.door.write_bytes(marker, b"kernelexec\n")
         return marker
 
     def _check_mount(self, container: Any, marker: Path) -> None:

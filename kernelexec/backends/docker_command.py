@@ -24,7 +24,8 @@ from typing import Any
 
 from docker.utils.socket import STDERR, frames_iter
 
-from .._errors import DockerUnavailable
+from .._door import Door
+from .._errors import DockerUnavailable, KernelExecError
 from .._workdir import INTERNAL_DIR
 from ._docker import (
     WORKSPACE,
@@ -32,7 +33,7 @@ from ._docker import (
     ContainerSpec,
     DockerOptions,
     merge_options,
-    prepare_host_dir,
+    prepare_inside,
 )
 from .base import ByteSink, CommandBackend, CommandOutcome
 
@@ -238,9 +239,9 @@ class DockerCommand(CommandBackend):
     async def start(self, work_dir: Path) -> None:
         await self._docker.prepare(work_dir)
         # The blocks' wrapper writes its status files here, as the container user.
-        status = work_dir.joinpath(*_STATUS_DIR)
-        status.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(prepare_host_dir, status, self.options)
+        assert self._docker.door is not None
+        status = "/".join(_STATUS_DIR)
+        await asyncio.to_thread(prepare_inside, self._docker.door, status, self.options)
         if not self.fresh_container:
             await self._docker.start(self._spec())
 
@@ -385,7 +386,8 @@ class DockerCommand(CommandBackend):
             # gVisor's exec gave up waiting on a sandbox that ended under it (a fork bomb past
             # the engine's pids limit): its own "waiting on pid" text is in stderr; say plainly.
             return await self._ended_outcome(container, on_stderr)
-        if 128 < code <= 128 + 64 and _read_signal(work_dir / status) == code - 128:
+        door = self._docker.door
+        if 128 < code <= 128 + 64 and door and _read_signal(door, status) == code - 128:
             code = 128 - code  # as the local back end: a negative exit code names a signal
         return CommandOutcome(exit_code=code)
 
@@ -476,14 +478,15 @@ def _pump(sock: Any, loop: asyncio.AbstractEventLoop, sinks: _Sinks) -> None:
         loop.call_soon_threadsafe(sinks.deliver, stream, data)
 
 
-def _read_signal(path: Path) -> int | None:
-    """The signal number a block's wrapper wrote (and remove the file), or None."""
+def _read_signal(door: Door, path: Path) -> int | None:
+    """The signal number a block's wrapper wrote (and remove the file), or None. Read through
+    the door: the code may have put a link or a FIFO there."""
     try:
-        text = path.read_text(encoding="ascii", errors="replace")
-    except OSError:
+        text = door.read_bytes(path, head=16).decode("ascii", errors="replace")
+    except (OSError, KernelExecError):
         return None
-    with contextlib.suppress(OSError):
-        path.unlink()
+    with contextlib.suppress(OSError, KernelExecError):
+        door.unlink(path)
     return int(text) if text.strip().isdigit() else None
 
 

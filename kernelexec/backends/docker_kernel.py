@@ -346,11 +346,11 @@ class DockerKernel(KernelBackend):
         With ``bind_dir`` it goes under the work dir's ``.kernelexec/`` (so the engine finds it
         under ``bind_dir`` as it finds the work dir); else in the temp folder.
         """
-        parent = None
-        if self.options.bind_dir is not None and self._docker.work_dir is not None:
-            parent = self._docker.work_dir / INTERNAL_DIR
-            parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=parent))
+        door = self._docker.door
+        if self.options.bind_dir is not None and self._docker.work_dir is not None and door:
+            # made through the door: the code may have planted a link at .kernelexec
+            return self._docker.work_dir / door.mkdtemp(INTERNAL_DIR, RUNTIME_DIR_PREFIX)
+        return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
 
     def _sockets(self) -> Path:
         """The runtime folder as this process names its sockets: a unix socket's path holds at

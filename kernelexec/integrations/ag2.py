@@ -35,7 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._errors import InvalidBlock
+from .._door import Door
+from .._errors import KernelExecError
 from .._executor import SyncExecutor, combine_results, error_result
 from .._extract import DISPLAY_ONLY, MarkdownCodeExtractor, extract_code_blocks, normalize_language
 from .._extract import _content_text as content_text
@@ -246,9 +247,9 @@ class AG2CodeExecutor:
             name = f"tmp_code_{digest}.{'py' if tag == 'python' else tag or 'txt'}"
         try:
             path = resolve_inside(self.executor.work_dir, name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(code, encoding="utf-8", errors="replace")
-        except (InvalidBlock, OSError) as exc:
+            with Door(self.executor.work_dir) as door:  # no link planted there is followed
+                door.write_bytes(path, code.encode("utf-8", errors="replace"))
+        except (KernelExecError, OSError) as exc:
             return error_result(f"Filename is not in the workspace: {exc}", language=tag)
         return ExecutionResult(
             exit_code=0, output=f"Code saved to {path}\n", code_file=str(path), language=tag

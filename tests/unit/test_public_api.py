@@ -66,6 +66,7 @@ EXPECTED = {
     "SessionOptions",
     "SyncExecutor",
     "UnknownExecutor",
+    "UnsafePath",
     "__version__",
     "extract_code_blocks",
     "make_async_executor",
