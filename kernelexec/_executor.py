@@ -128,6 +128,7 @@ def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
         language=last.language,
         kernel_died=any(r.kernel_died for r in results),
         state_lost=any(r.state_lost for r in results),
+        not_run=any(r.not_run for r in results),
         full_output_file=next(
             (r.full_output_file for r in results if r.full_output_file is not None), None
         ),
