@@ -61,8 +61,8 @@ class ExecutionResult:
 
     ``exit_code`` is 0 on success, 1 when the code failed, 124 when it timed out; a stateless
     process may also report its own non-zero status. ``not_run`` is True when nothing of the
-    block ran (the kernel refused the request, or had died before it was sent): ``error`` then
-    says why, and sending the block again is safe.
+    block ran (refused as given, refused by the kernel, or the kernel had died before it was
+    sent): ``error`` then says why, and nothing of the block has to be undone.
     """
 
     exit_code: int

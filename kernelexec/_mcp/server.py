@@ -214,7 +214,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         async def run() -> CallToolResult:
             if not _wants_progress(ctx):  # the common case: no task next to the block
                 result, work_dir = await hub.execute(
-                    session, code, language, timeout=timeout or default_timeout
+                    session, code, language, timeout=default_timeout if timeout is None else timeout
                 )
                 return _execute_result(result, work_dir)
             progress = _Progress()
@@ -226,7 +226,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
                         session,
                         code,
                         language,
-                        timeout=timeout or default_timeout,
+                        timeout=default_timeout if timeout is None else timeout,
                         on_output=progress.on_output,
                     )
                 except _TOOL_ERRORS as exc:  # raised out of the task group, not in a group
