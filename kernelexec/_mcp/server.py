@@ -71,6 +71,9 @@ async def _tool_errors(call: Awaitable[CallToolResult]) -> CallToolResult:
 
 
 def _status(result: ExecutionResult) -> str:
+    if result.not_run:
+        lost = "; the kernel was restarted and its state was lost" if result.state_lost else ""
+        return f"not run{lost}"
     if result.timed_out:
         return "timed out (the session and its state are kept)"
     if result.state_lost:
