@@ -89,6 +89,8 @@ class Swarm:
                 "HOME": "/tmp",
                 "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                 "PYTHONDONTWRITEBYTECODE": "1",
+                # this checkout's kernelexec, also where the venv's install is another's
+                "PYTHONPATH": str(PROJECT),
             },
             user="0:0",  # the engine's socket is root's
             network=self.network,
