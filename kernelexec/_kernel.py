@@ -749,9 +749,8 @@ class _BlockRun:
 
     async def abandon(self) -> None:
         """After the caller cancelled ``wait``: interrupt the block at once and follow it to its
-        end. Until its ``idle``, ipykernel would abort a request that comes in (it drops what
-        arrives while it handles an error), so the next block would fail with an empty error;
-        a block that ignores the interrupt gets the kernel replaced, as at a timeout."""
+        end, so the next block does not queue behind it and get charged its time; a block
+        that ignores the interrupt gets the kernel replaced, as at a timeout."""
         if not self._msg_id:
             return
         self._timeout = 0.0

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import nbformat
 import pytest
 from kx_fidelity import KERNELS, make, params
 
@@ -106,6 +107,7 @@ def test_a_request_the_kernel_keeps_aborting_says_not_run(ex: Any) -> None:
     added = ex.notebook.cells[cells:]
     assert [c.cell_type for c in added] == ["code", "markdown"], added
     assert "not run" in added[1].source and COUNTED in added[1].source
+    nbformat.validate(ex.notebook)
     _follow_up_runs(ex, 0)  # it never ran: the counter is where it was
 
 
