@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import numbers
 import os
 import shutil
 import stat
@@ -70,8 +71,10 @@ class PreparedBlock:
     target: Path | None  # from a first-line ``# filename:``; None means "name it yourself"
 
 
-def error_result(message: str, *, language: str, ename: str = "InvalidBlock") -> ExecutionResult:
-    """A result for a block that was refused before running."""
+def error_result(
+    message: str, *, language: str, ename: str = "InvalidBlock", not_run: bool = False
+) -> ExecutionResult:
+    """A result for a block that was refused (``not_run``: before any of it ran)."""
     return ExecutionResult(
         exit_code=EXIT_ERROR,
         output=message,
@@ -79,16 +82,18 @@ def error_result(message: str, *, language: str, ename: str = "InvalidBlock") ->
         error=ErrorInfo(ename=ename, evalue=message),
         outputs=[{"output_type": "error", "ename": ename, "evalue": message, "traceback": []}],
         language=language,
+        not_run=not_run,
     )
 
 
-def check_timeout(timeout: float) -> float:
-    """``timeout`` as a float; ``InvalidTimeout`` unless it is a positive, finite number."""
-    try:
+def check_timeout(timeout: object) -> float:
+    """``timeout`` as a float; ``InvalidTimeout`` unless it is a positive, finite number. The
+    one check of every timeout a caller gives (constructors, calls, the MCP server, the
+    notebook runner): a string such as ``"5"`` is refused like ``True`` or ``nan``, not read."""
+    value = math.nan
+    if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
         value = float(timeout)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(timeout, bool) or not (0 < value < math.inf):
+    if not 0 < value < math.inf:
         raise InvalidTimeout(
             f"timeout must be a positive, finite number of seconds, not {timeout!r}"
         )
@@ -130,6 +135,7 @@ def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
         language=last.language,
         kernel_died=any(r.kernel_died for r in results),
         state_lost=any(r.state_lost for r in results),
+        not_run=any(r.not_run for r in results),
         full_output_file=next(
             (r.full_output_file for r in results if r.full_output_file is not None), None
         ),
@@ -441,6 +447,7 @@ class AsyncExecutor(ABC):
                 "Not run: the block has no language tag and is not valid Python.",
                 language="",
                 ename="UnknownLanguage",
+                not_run=True,
             )
         if language not in self.supported_languages:
             supported = ", ".join(self.supported_languages)
@@ -448,6 +455,16 @@ class AsyncExecutor(ABC):
                 f"unsupported language: {block.language} (this executor runs: {supported})",
                 language=language,
                 ename="UnsupportedLanguage",
+                not_run=True,
+            )
+        if "\x00" in block.code:
+            # No back end can run it whole: Python refuses source with a NUL, a file written
+            # for bash or argv ends at it, and ipykernel answered "ok" having run nothing.
+            line = block.code.count("\n", 0, block.code.index("\x00")) + 1
+            return error_result(
+                f"Block refused: the code holds a NUL byte (line {line}); nothing was run.",
+                language=language,
+                not_run=True,
             )
         target = None
         name = filename_from_code(block.code)
@@ -455,7 +472,7 @@ class AsyncExecutor(ABC):
             try:
                 target = resolve_inside(self._work_dir, name)
             except InvalidBlock as exc:
-                return error_result(f"Block refused: {exc}", language=language)
+                return error_result(f"Block refused: {exc}", language=language, not_run=True)
         self._block_count += 1
         return PreparedBlock(
             code=block.code, language=language, index=self._block_count, target=target

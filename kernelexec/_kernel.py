@@ -39,6 +39,14 @@ _POLL = 0.5  # seconds between liveness checks while a block is quiet
 # After the reply, iopub silent this long: ask the kernel for a marker (see ``_BlockRun._pump``).
 _IOPUB_GRACE = 0.5
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
+_ABORT_RETRY_PAUSE = 0.2  # before sending again a block the kernel aborted
+# Idle longer than this, a kernel whose back end has no cheap liveness check is asked (over the
+# network) whether it is still there before a block is sent.
+_IDLE_CHECK = 5.0
+_ABORTED = (
+    "the kernel aborted the request twice (ipykernel refuses requests for a while after a"
+    " request that failed with stop_on_error, e.g. from another client of this kernel)"
+)
 
 # Run silently after every (re)start: the kernel interpreter's own bin dir first on PATH, so
 # ``pip`` in a shell block installs into the kernel's environment. Then the kernel's output is
@@ -499,6 +507,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         # pytest's marker; a kernel started from a test is not itself a test.
         self._env.pop("PYTEST_CURRENT_TEST", None)
         self._dead: str | None = None
+        self._idle_since = 0.0  # loop time the last block ended (or the kernel started)
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
@@ -537,6 +546,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout
         )
         await self._setup()
+        self._idle_since = asyncio.get_running_loop().time()
 
     async def _restart(self) -> None:
         await self._replace_kernel()
@@ -547,8 +557,29 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         if self._dead is not None:
             raise KernelDied(f"the kernel died ({self._dead}); call restart() to get a new one")
+        gone = await self._gone_while_idle()
+        if gone is not None:
+            return await self._died(_not_run(block, ""), gone, idle=True)
         await self._ensure_workspace()
         code = self._code_for(block)
+        collector, run = await self._send(block, code, timeout)
+        if _aborted(run):
+            # ipykernel answers "aborted" without running anything, for a while after a request
+            # that failed with stop_on_error (not ours: kernelexec never asks for it; another
+            # client's, or an older kernel): sending again is safe, once.
+            await asyncio.sleep(_ABORT_RETRY_PAUSE)
+            collector, run = await self._send(block, code, timeout)
+        result = (
+            _not_run(block, _ABORTED)
+            if _aborted(run)
+            else await self._conclude(block, collector, run, timeout)
+        )
+        self._idle_since = asyncio.get_running_loop().time()
+        return result
+
+    async def _send(
+        self, block: PreparedBlock, code: str, timeout: float
+    ) -> tuple[OutputCollector, _Run]:
         collector = OutputCollector(
             work_dir=self.work_dir,
             cell=block.index,
@@ -560,7 +591,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         )
         block_run = _BlockRun(self, code, collector, timeout)
         try:
-            run = await block_run.wait()
+            return collector, await block_run.wait()
         except asyncio.CancelledError:
             # The caller gave up on the block (``asyncio.wait_for``, a cancelled task): it must
             # not run on in the kernel, where the next block would queue behind it and be
@@ -568,7 +599,17 @@ class AsyncKernelExecutor(AsyncExecutor):
             with contextlib.suppress(Exception):
                 await asyncio.shield(block_run.abandon())
             raise
-        return await self._conclude(block, collector, run, timeout)
+
+    async def _gone_while_idle(self) -> str | None:
+        """Why the kernel is gone before a block is sent (None: it is not known to be). Back
+        ends with a cheap check make it before every block; the rest are asked over the
+        network only after the kernel sat idle a while (between an agent's turns)."""
+        idle = asyncio.get_running_loop().time() - self._idle_since
+        if not await self.backend.seems_gone() and idle < _IDLE_CHECK:
+            return None
+        if await self.backend.is_alive():
+            return None
+        return self.backend.death_reason() or "it exited"
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
@@ -652,9 +693,18 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
         await self._setup()
+        self._idle_since = asyncio.get_running_loop().time()
 
-    async def _died(self, result: ExecutionResult, reason: str) -> ExecutionResult:
-        note = f"The kernel died while running this block ({reason})."
+    async def _died(
+        self, result: ExecutionResult, reason: str, *, idle: bool = False
+    ) -> ExecutionResult:
+        if idle:
+            note = (
+                f"Not run: the kernel had died while idle, before this block was sent ({reason});"
+                " nothing of the block ran."
+            )
+        else:
+            note = f"The kernel died while running this block ({reason})."
         if self.restart_on_death:
             await self._replace_kernel()
             note += " It was restarted: all variables and imports were lost."
@@ -698,7 +748,12 @@ class _BlockRun:
 
     async def wait(self) -> _Run:
         allow_stdin = self._ex.input_callback is not None
-        self._msg_id = self._client.execute(self._code, allow_stdin=allow_stdin)
+        # stop_on_error=False: after a block that fails, ipykernel would otherwise abort (not
+        # run, "aborted" reply) every request arriving within its abort window; a kernel of
+        # the image's ipykernel (6.17) did so to the block sent next, under load.
+        self._msg_id = self._client.execute(
+            self._code, allow_stdin=allow_stdin, stop_on_error=False
+        )
         reply = asyncio.ensure_future(_reply_for(self._backend, self._msg_id))
         stdin = asyncio.ensure_future(self._serve_stdin()) if allow_stdin else None
         try:
@@ -715,9 +770,8 @@ class _BlockRun:
 
     async def abandon(self) -> None:
         """After the caller cancelled ``wait``: interrupt the block at once and follow it to its
-        end. Until its ``idle``, ipykernel would abort a request that comes in (it drops what
-        arrives while it handles an error), so the next block would fail with an empty error;
-        a block that ignores the interrupt gets the kernel replaced, as at a timeout."""
+        end, so the next block does not queue behind it and get charged its time; a block
+        that ignores the interrupt gets the kernel replaced, as at a timeout."""
         if not self._msg_id:
             return
         self._timeout = 0.0
@@ -859,6 +913,25 @@ def _base_result(block: PreparedBlock, collected: Collected, run: _Run) -> Execu
         language=block.language,
         full_output_file=collected.full_output_file,
         execution_count=count if isinstance(count, int) else collected.execution_count,
+    )
+
+
+def _aborted(run: _Run) -> bool:
+    return run.ending is _Ending.DONE and (run.reply or {}).get("status") == "aborted"
+
+
+def _not_run(block: PreparedBlock, why: str) -> ExecutionResult:
+    """The result of a block of which nothing ran; ``why`` in words (empty: said later)."""
+    note = f"Not run: {why}; nothing of the block ran, sending it again is safe." if why else ""
+    error = ErrorInfo(ename="NotRun", evalue=note)
+    return ExecutionResult(
+        exit_code=EXIT_ERROR,
+        output=note,
+        error=error,
+        outputs=[_error_output(error)] if note else [],
+        code_file=None if block.target is None else str(block.target),
+        language=block.language,
+        not_run=True,
     )
 
 

@@ -22,7 +22,7 @@ from nbformat import NotebookNode
 
 from ._door import Door
 from ._errors import NotebookError
-from ._executor import AsyncExecutor, SyncExecutor, executor_label
+from ._executor import AsyncExecutor, SyncExecutor, check_timeout, executor_label
 from ._kernel import AsyncKernelExecutor, KernelExecutor
 from ._registry import make_executor
 from ._session import (
@@ -138,8 +138,7 @@ class _Run:
         allow_errors: bool,
         progress: bool,
     ) -> None:
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
+        check_timeout(timeout)
         self.nb = nb
         self.output_path = None if output_path is None else Path(output_path).absolute()
         self.timeout = timeout

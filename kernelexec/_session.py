@@ -15,6 +15,7 @@ import base64
 import copy
 import json
 import os
+import re
 import stat
 import tempfile
 import textwrap
@@ -147,7 +148,7 @@ def result_metadata(result: ExecutionResult, executor: str) -> dict[str, Any]:
         "duration_s": round(result.duration_s, 6),
         "executor": executor,
     }
-    for flag in ("timed_out", "truncated", "kernel_died", "state_lost"):
+    for flag in ("timed_out", "truncated", "kernel_died", "state_lost", "not_run"):
         if getattr(result, flag):
             meta[flag] = True
     return meta
@@ -308,8 +309,15 @@ class SessionNotebook:
     def record(
         self, code: str, language: str, result: ExecutionResult, *, executor: str
     ) -> NotebookNode:
-        """Append the block as a cell and, with a path set, rewrite the file."""
+        """Append the block as a cell and, with a path set, rewrite the file. A block of which
+        nothing ran gets a note, not a code cell (no error it never raised, no count)."""
         with self._guard:
+            if result.not_run:
+                cells = [new_markdown_cell(_not_run_note(code, language, result))]
+                if result.state_lost:
+                    cells.append(new_markdown_cell(_STATE_LOST_NOTE))
+                self._append(cells)
+                return cells[0]
             self._count += 1
             cell = session_cell(code, language, result, executor=executor, count=self._count)
             self._nb.metadata[META_KEY] = {"executor": executor}
@@ -352,6 +360,12 @@ class SessionNotebook:
 _CELLS_MARK = "__kernelexec_cells__"
 _RESTART_NOTE = "*kernelexec: restarted here; cells below ran in a fresh kernel.*"
 _STATE_LOST_NOTE = "*kernelexec: the kernel was replaced after the cell above; its state is gone.*"
+
+
+def _not_run_note(code: str, language: str, result: ExecutionResult) -> str:
+    why = result.error.evalue if result.error is not None else "Not run."
+    fence = "`" * max([3, *(len(run) + 1 for run in re.findall("`+", code))])
+    return f"*kernelexec: a block was not run here.* {why}\n\n{fence}{language}\n{code}\n{fence}"
 
 
 def _dumps(obj: Any) -> str:

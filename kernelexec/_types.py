@@ -64,7 +64,9 @@ class ExecutionResult:
     """What running one block (or a list of blocks) produced.
 
     ``exit_code`` is 0 on success, 1 when the code failed, 124 when it timed out; a stateless
-    process may also report its own non-zero status.
+    process may also report its own non-zero status. ``not_run`` is True when nothing of the
+    block ran (refused as given, refused by the kernel, or the kernel had died before it was
+    sent): ``error`` then says why, and nothing of the block has to be undone.
     """
 
     exit_code: int
@@ -81,6 +83,7 @@ class ExecutionResult:
     language: str = "python"
     kernel_died: bool = False
     state_lost: bool = False
+    not_run: bool = False
     full_output_file: Path | None = None
     execution_count: int | None = None
     block_results: list[ExecutionResult] = field(default_factory=list)
@@ -102,7 +105,9 @@ class ExecutionResult:
     def to_reply(self) -> str:
         """The AutoGen-style reply an executor agent sends back to the writer."""
         status = "execution succeeded" if self.ok else "execution failed"
-        if self.timed_out:
+        if self.not_run:
+            status = "not run"
+        elif self.timed_out:
             status = "execution timed out"
         return f"exitcode: {self.exit_code} ({status})\nCode output: {self.output}"
 
@@ -129,6 +134,7 @@ class ExecutionResult:
             "language": self.language,
             "kernel_died": self.kernel_died,
             "state_lost": self.state_lost,
+            "not_run": self.not_run,
             "full_output_file": None
             if self.full_output_file is None
             else str(self.full_output_file),

@@ -70,8 +70,9 @@ def block_footer(result: ExecutionResult, work_dir: Path) -> str:
     """Exit status, duration, what kernelexec did about a timeout or a dead kernel (the live
     view shows only what the code printed), and the files saved (relative to the work dir)."""
     status = "ok" if result.ok else ("timed out" if result.timed_out else "failed")
+    status = "not run" if result.not_run else status
     lines = []
-    if result.error is not None and (result.timed_out or result.kernel_died):
+    if result.error is not None and (result.timed_out or result.kernel_died or result.not_run):
         what = str(result.error) if result.timed_out else result.error.evalue  # "Timeout: ..."
         lines.append(strip_ansi(what or result.error.ename))
     lines.append(f"── exit {result.exit_code} ({status}) · {result.duration_s:.2f} s")

@@ -149,6 +149,9 @@ class _PooledBackend(KernelBackend):
     async def is_alive(self) -> bool:
         return await self.inner.is_alive()
 
+    async def seems_gone(self) -> bool:
+        return await self.inner.seems_gone()
+
     def death_reason(self) -> str | None:
         return self.inner.death_reason()
 

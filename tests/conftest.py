@@ -20,6 +20,7 @@ _TIERS = {
     "integrations",
     "mcp",
     "adversarial",
+    "fidelity",
 }
 
 

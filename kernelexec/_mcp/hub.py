@@ -24,7 +24,7 @@ import anyio
 
 from .._door import Door
 from .._errors import InvalidBlock, SessionLimitReached, SessionNotFound
-from .._executor import AsyncExecutor, error_result
+from .._executor import AsyncExecutor, check_timeout, error_result
 from .._registry import EXECUTORS, executor_entry, make_async_executor
 from .._types import ExecutionResult, NbOutput
 from .._workdir import INTERNAL_DIR, resolve_inside
@@ -64,8 +64,7 @@ class HubOptions:
 
     def __post_init__(self) -> None:
         executor_entry(self.executor)  # UnknownExecutor lists the valid names
-        if self.timeout <= 0:
-            raise ValueError("timeout must be positive")
+        check_timeout(self.timeout)
         if self.warm < 0:
             raise ValueError("warm must be 0 or more")
         SessionOptions(max_sessions=self.max_sessions, idle_timeout=self.idle_timeout)

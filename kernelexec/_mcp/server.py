@@ -74,6 +74,9 @@ async def _tool_errors(call: Awaitable[CallToolResult]) -> CallToolResult:
 
 
 def _status(result: ExecutionResult) -> str:
+    if result.not_run:
+        lost = "; the kernel was restarted and its state was lost" if result.state_lost else ""
+        return f"not run{lost}"
     if result.timed_out:
         return "timed out (the session and its state are kept)"
     if result.state_lost:
@@ -231,7 +234,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         async def run() -> CallToolResult:
             if not _wants_progress(ctx):  # the common case: no task next to the block
                 result, work_dir = await hub.execute(
-                    session, code, language, timeout=timeout or default_timeout
+                    session, code, language, timeout=default_timeout if timeout is None else timeout
                 )
                 return _execute_result(result, work_dir)
             progress = _Progress()
@@ -243,7 +246,7 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
                         session,
                         code,
                         language,
-                        timeout=timeout or default_timeout,
+                        timeout=default_timeout if timeout is None else timeout,
                         on_output=progress.on_output,
                     )
                 except _TOOL_ERRORS as exc:  # raised out of the task group, not in a group

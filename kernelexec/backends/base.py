@@ -148,6 +148,13 @@ class KernelBackend(ABC):
     async def is_alive(self) -> bool:
         """Whether the kernel process (or container) is still running."""
 
+    async def seems_gone(self) -> bool:
+        """Checked just before each block is sent: True when the kernel looks gone by a check
+        cheap enough for every block (no engine or network round trip; the executor confirms
+        with ``is_alive``). A kernel that died while idle is then reported as such, not as
+        dying in the block sent next. The default cannot tell cheaply: False."""
+        return False
+
     def death_reason(self) -> str | None:
         """Why the kernel died, when the back end can tell (e.g. ``"out of memory"``)."""
         return None

@@ -292,6 +292,17 @@ class DockerKernel(KernelBackend):
             self._death = _exit_reason(state.get("ExitCode"))
         return False
 
+    async def seems_gone(self) -> bool:
+        # No engine round trip: a relayed kernel's relay ends with its container; otherwise the
+        # reaper's unix socket, served by a thread of the kernel's own process, refuses a
+        # connection once that process is gone (an image without the reaper: cannot tell).
+        client = self._client
+        if client is None:
+            return True
+        if self._relay is not None:
+            return not self._relay.alive
+        return client.reaper is not None and not _reaper_listening(client.reaper)
+
     def death_reason(self) -> str | None:
         return self._death
 
@@ -563,6 +574,19 @@ def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:
             return conn.recv(64).decode(errors="replace").strip()
     except OSError:
         return None
+
+
+def _reaper_listening(path: Path) -> bool:
+    """Whether the reaper's socket accepts a connection (its file missing: cannot tell)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(1.0)
+        try:
+            conn.connect(str(path))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+    return True
 
 
 def _relayed_ports() -> list[tuple[int, int]]:

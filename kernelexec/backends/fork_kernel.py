@@ -467,6 +467,9 @@ class ForkKernel(KernelBackend):
     async def is_alive(self) -> bool:
         return self._running()
 
+    async def seems_gone(self) -> bool:
+        return not self._running()  # one read of /proc/PID/stat
+
     def death_reason(self) -> str | None:
         if self._pid is None or self._running():
             return None

@@ -155,6 +155,10 @@ class GatewayKernel(KernelBackend):
             return False
         return model.get("execution_state") != "dead"
 
+    async def seems_gone(self) -> bool:
+        # What the gateway already told the channels (a "dead" status): no HTTP request.
+        return self._client is not None and self._client.kernel_died
+
     def death_reason(self) -> str | None:
         if self._client is not None and self._client.kernel_died:
             return "the gateway reported that the kernel process died"

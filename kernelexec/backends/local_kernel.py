@@ -297,6 +297,9 @@ class LocalKernel(KernelBackend):
     async def is_alive(self) -> bool:
         return self._km is not None and bool(await self._km.is_alive())
 
+    async def seems_gone(self) -> bool:
+        return not await self.is_alive()  # a poll() of the kernel's process: no I/O
+
     def death_reason(self) -> str | None:
         process = getattr(getattr(self._km, "provisioner", None), "process", None)
         code = None if process is None else process.poll()

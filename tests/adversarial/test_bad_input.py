@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kx_adversarial import ALL, SLACK, backends, pairs
 
-from kernelexec import CodeBlock, KernelExecError, make_executor
+from kernelexec import CodeBlock, InvalidTimeout, KernelExecError, make_executor
 
 pytestmark = pytest.mark.usefixtures("nothing_left")
 
@@ -68,17 +68,39 @@ def test_source_that_is_not_utf8(ex: Any) -> None:
 
 
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)
-@pytest.mark.parametrize("timeout", [0, -1, NAN], ids=["zero", "negative", "nan"])
-def test_bad_per_call_timeout_is_refused(ex: Any, timeout: float) -> None:
-    with pytest.raises(ValueError, match="timeout"):
+def test_a_nul_byte_in_code_is_refused_and_nothing_runs(ex: Any) -> None:
+    # Python refuses such source; a file or argv ends at the NUL: no back end can run it whole.
+    for code, language in [
+        ("open('ran-a', 'w').close()\x00open('ran-b', 'w').close()", "python"),
+        ("touch ran-a\x00touch ran-b", "shell"),
+        ("# filename: nul.py\nopen('ran-a', 'w').close()\n\x00\n", "python"),
+    ]:
+        r = ex.execute(code, language)
+        assert r.not_run and r.exit_code == 1, r.output
+        assert r.error is not None and r.error.ename == "InvalidBlock"
+        assert "NUL byte" in r.output and "nothing was run" in r.output, r.output
+        assert not any((ex.work_dir / n).exists() for n in ("ran-a", "ran-b", "nul.py"))
+    assert ex.execute("print('usable')").output == "usable\n"
+
+
+BAD_TIMEOUTS = [0, -1, NAN, math.inf, True, "5", b"5"]
+BAD_IDS = ["zero", "negative", "nan", "inf", "bool", "str", "bytes"]
+
+
+@pytest.mark.parametrize("backend", backends(ALL), indirect=True)
+@pytest.mark.parametrize("timeout", BAD_TIMEOUTS, ids=BAD_IDS)
+def test_bad_per_call_timeout_is_refused(ex: Any, timeout: Any) -> None:
+    with pytest.raises(InvalidTimeout, match="timeout"):
         ex.execute("print('ran')", timeout=timeout)
+    with pytest.raises(InvalidTimeout, match="timeout"):
+        ex.execute_message("```python\nprint('ran')\n```", timeout=timeout)
     assert ex.execute("print('usable')").output == "usable\n"
 
 
 @pytest.mark.parametrize("backend", backends(ALL), indirect=True)
-@pytest.mark.parametrize("timeout", [0, -1], ids=["zero", "negative"])
-def test_bad_executor_timeout_is_refused(backend: str, timeout: float, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="timeout"):
+@pytest.mark.parametrize("timeout", BAD_TIMEOUTS, ids=BAD_IDS)
+def test_bad_executor_timeout_is_refused(backend: str, timeout: Any, tmp_path: Path) -> None:
+    with pytest.raises(InvalidTimeout, match="timeout"):
         make_executor(backend, work_dir=tmp_path, timeout=timeout)
 
 

@@ -221,3 +221,30 @@ def test_bytes_that_are_not_utf8_leave_the_sessions_output_whole(swarm: Swarm) -
     assert r["seq"] == [0, False, "1\n2\n", "199999\n200000\n"]
     assert r["noise"] == [0, False, True] and r["noise_took"] < 15
     assert r["after"] == "still here\n" and r["left"] == []
+
+
+def test_every_block_sent_runs_or_says_it_did_not(swarm: Swarm) -> None:
+    """Issue 31: the block after a failure runs (the kernel's abort window after a failed
+    request, 2 s here, is never opened by kernelexec's requests); code with a NUL byte is
+    refused, nothing run; a kernel that died while idle is reported so, the block not run."""
+    r = swarm.run(
+        """
+        import time
+        with session() as ex:
+            ex.execute("get_ipython().kernel.stop_on_error_timeout = 2.0\\nruns = 0")
+            ex.execute("undefined_name")
+            r = ex.execute("runs += 1; print('run', runs)")
+            report(after_failure=[r.exit_code, r.output, r.not_run])
+            r = ex.execute("runs += 1\\x00print('cut')")
+            report(nul=[r.not_run, r.error.ename, ex.execute("print(runs)").output])
+            ex.execute("import os, threading\\nthreading.Timer(0.5, os._exit, (1,)).start()")
+            time.sleep(8)  # past the idle time after which a remote kernel is asked
+            r = ex.execute("print('sent after the death')")
+            report(idle=[r.not_run, r.kernel_died, r.state_lost, r.output])
+        """
+    )
+    assert r["after_failure"] == [0, "run 1\n", False]
+    assert r["nul"] == [True, "InvalidBlock", "1\n"]
+    not_run, died, lost, note = r["idle"]
+    assert not_run and died and lost, note
+    assert "while idle, before this block was sent" in note and "sent after" not in note

@@ -112,6 +112,29 @@ def test_kernel_death_is_reported_and_replaced(gateway: Gateway, tmp_path: Path)
         assert after.ok and after.output.strip() == "False"  # a fresh kernel answers
 
 
+def test_the_block_after_a_failure_runs(ex: KernelExecutor) -> None:
+    # issue 31.1: a kernel aborts requests arriving in its abort window after a failed one
+    # (2 s here); kernelexec's requests never open that window.
+    assert ex.execute("get_ipython().kernel.stop_on_error_timeout = 2.0\nruns = 0").ok
+    for i in range(2):
+        assert ex.execute("undefined_name").error is not None
+        r = ex.execute("runs += 1; print('run', runs)")
+        assert (r.exit_code, r.output, r.not_run) == (0, f"run {i + 1}\n", False), r.output
+
+
+def test_a_kernel_killed_while_idle_is_told_apart(gateway: Gateway, tmp_path: Path) -> None:
+    # issue 31.9: the kernel dies between blocks; the next block did not run and says so.
+    with KernelExecutor(gateway.backend(), work_dir=tmp_path, timeout=60) as executor:
+        executor.execute("kept = 1")
+        kill = "import os, threading\nthreading.Timer(0.5, os._exit, (1,)).start()"
+        assert executor.execute(kill).ok
+        time.sleep(8)  # past the idle time after which a remote kernel is asked
+        r = executor.execute("print('sent after the death')")
+        assert r.not_run and r.kernel_died and r.state_lost, r.output
+        assert "while idle, before this block was sent" in r.output, r.output
+        assert executor.execute("print('kept' in dir())").output == "False\n"
+
+
 def test_websocket_dropped_mid_execution_reconnects(gateway: Gateway, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with AsyncKernelExecutor(gateway.backend(), work_dir=tmp_path, timeout=30) as ex:

@@ -148,6 +148,9 @@ def test_timeout_keeps_the_session_and_progress_is_reported() -> None:
             assert slow.is_error and "timed out" in text(slow)
             after = await client.call_tool("execute", {"code": "print(kept)"})
             assert text(after).startswith("7")
+            # A zero timeout is refused as the library refuses it, not read as "the default".
+            zero = await client.call_tool("execute", {"code": "print('ran')", "timeout": 0})
+            assert zero.is_error and "timeout must be a positive" in text(zero), text(zero)
 
     anyio.run(scenario)
 
