@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -21,6 +21,43 @@ _SPILL_CHUNK = 1 << 20  # characters written to the spill file at a time
 def omitted_marker(count: int, spill: Path | None) -> str:
     where = f"; full output in {spill}" if spill is not None else ""
     return f"\n[... {count} characters omitted{where} ...]\n"
+
+
+def cut_text(text: str, limit: int, spill: Path | None = None) -> str:
+    """``text``, or at most ``limit`` of its characters (head and tail) around a marker that
+    counts the rest. Only the two ends are copied, whatever the size of ``text``."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    tail = text[len(text) - (limit - half) :]
+    return text[:half] + omitted_marker(len(text) - limit, spill) + tail
+
+
+def cut_lines(lines: list[str], limit: int, spill: Path | None = None) -> list[str]:
+    """``lines`` (a traceback) kept to about ``limit`` characters: each line cut to a quarter
+    of it, then the first lines and the last ones (the last always) that fit, with a line
+    between them that counts the characters left out."""
+    if sum(len(line) for line in lines) <= limit:
+        return lines
+    cut = [cut_text(line, limit // 4, spill) for line in lines]
+    tail = _fitting(reversed(cut), limit - limit // 2, at_least_one=True)
+    head = _fitting(cut[: len(cut) - len(tail)], limit // 2, at_least_one=False)
+    left_out = lines[len(head) : len(lines) - len(tail)]
+    if not left_out:
+        return head + tail[::-1]
+    count = sum(len(line) for line in left_out)
+    return [*head, omitted_marker(count, spill).strip("\n"), *tail[::-1]]
+
+
+def _fitting(lines: Iterable[str], room: int, *, at_least_one: bool) -> list[str]:
+    """The first of ``lines`` whose lengths add up to at most ``room``."""
+    kept: list[str] = []
+    for line in lines:
+        if len(line) > room and (kept or not at_least_one):
+            break
+        kept.append(line)
+        room -= len(line)
+    return kept
 
 
 class TextBudget:

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._budget import StreamDecoder, TextBudget
+from ._budget import StreamDecoder, TextBudget, omitted_marker
 from ._errors import InvalidBlock
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result
-from ._outputs import visible_text
+from ._outputs import TerminalText, visible_text
 from ._types import EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, folder_option
 from .backends.base import CommandBackend
@@ -149,7 +149,10 @@ class _Capture:
         limit = executor.options.output_limit
         spill = executor._internal_path("output", f"block-{index}.txt")
         self._executor = executor
-        self.combined = TextBudget(limit, spill_path=spill)
+        self.combined = TextBudget(limit, spill_path=spill)  # as written, spilled in full
+        # ``output`` shows what a terminal would: ``\r`` and ``\b`` resolved, as kernels do
+        self.view = TextBudget(limit)
+        self._terminal = TerminalText(self.view.write, max_line=limit)
         self.out = TextBudget(limit)
         self.err = TextBudget(limit)
         self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
@@ -165,12 +168,24 @@ class _Capture:
             return
         (self.out if name == "stdout" else self.err).write(text)
         self.combined.write(text)
+        self._terminal.write(text)
         self._executor._emit({"output_type": "stream", "name": name, "text": text})
 
     def close(self) -> None:
         for name, decoder in self._decoders.items():
             self._feed(name, decoder.finish())
+        self._terminal.flush()
         self.combined.close()
+
+    def _output(self) -> str:
+        """The terminal view, no raw control bytes in it (it is put before a model)."""
+        head, omitted, tail = self.view.parts()
+        spill = self.combined.spilled_to
+        if omitted:
+            return visible_text(head) + omitted_marker(omitted, spill) + visible_text(tail)
+        if spill is not None:  # the view fits, what was written did not (a progress bar)
+            return f"{visible_text(head)}\n[full output in {spill}]"
+        return visible_text(head)
 
     def result(
         self,
@@ -180,7 +195,7 @@ class _Capture:
         timeout: float,
         code_path: Path,
     ) -> ExecutionResult:
-        output = visible_text(self.combined.text())  # no raw control bytes before a model
+        output = self._output()
         stdout, stderr = self.out.text(), self.err.text()
         error: ErrorInfo | None = None
         if timed_out:
