@@ -24,7 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ._budget import TextBudget, cut_lines, cut_text, join_parts, omitted_marker
+from ._budget import (
+    LongText,
+    TextBudget,
+    cut_lines,
+    cut_text,
+    full_value,
+    join_parts,
+    omitted_marker,
+    pieces,
+    text_length,
+)
 from ._types import ErrorInfo, NbOutput
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -303,16 +313,18 @@ class OutputCollector:
 
     def _stream(self, content: dict[str, Any]) -> None:
         name = "stderr" if content.get("name") == "stderr" else "stdout"
-        text = str(content.get("text", ""))
+        text = _string(content.get("text", ""))
         self._maybe_clear()
         last = self._items[-1] if self._items else None
         if not isinstance(last, _Stream) or last.name != name:
             self._end_stream_lines()  # the other stream's output is closed, as in a notebook
             last = _Stream(name, self._limit, self._std_sink(name))
             self._items.append(last)
-        last.write(text)
-        self._stream_since_display = min(self._limit, self._stream_since_display + len(text))
-        self._emit({"output_type": "stream", "name": name, "text": text})
+        for piece in pieces(text):  # a LongText: its full text, a piece at a time
+            last.write(piece)
+        size = text_length(text)
+        self._stream_since_display = min(self._limit, self._stream_since_display + size)
+        self._emit({"output_type": "stream", "name": name, "text": str(text)})
 
     def _std_sink(self, name: str) -> Callable[[str], None]:
         def sink(text: str) -> None:
@@ -327,7 +339,7 @@ class OutputCollector:
         out: NbOutput = {
             "output_type": output_type,
             "data": {},
-            "metadata": dict(content.get("metadata", {})),
+            "metadata": self._bounded_metadata(content.get("metadata")),
         }
         if output_type == "execute_result":
             out["execution_count"] = content.get("execution_count")
@@ -368,17 +380,18 @@ class OutputCollector:
         data: dict[str, Any] = {}
         for mime, value in raw.items():
             if mime == "text/plain":
-                data[mime] = self._bounded_plain(display, _as_text(value))
+                data[mime] = self._bounded_plain(display, _string(value))
                 continue
             size = _payload_size(value, self._inline_limit)
-            if size <= min(self._inline_limit, self._inline_left):
+            fits = size <= min(self._inline_limit, self._inline_left)
+            if fits and not isinstance(value, LongText):
                 self._inline_left -= size
                 data[mime] = value
                 continue
-            display.omitted[mime] = size if isinstance(value, str | list) else None
+            display.omitted[mime] = size if isinstance(value, str) else None
             form = display.forms.get(mime)
             if form is not None:
-                self._save_one(display, mime, form, value)
+                self._save_one(display, mime, form, full_value(value))
         display.out["data"] = data
         meta = display.out["metadata"]
         if display.omitted:
@@ -387,23 +400,32 @@ class OutputCollector:
             meta.pop("kernelexec")  # an update that fits: no stale note
 
     def _bounded_plain(self, display: _Display, text: str) -> str:
-        if len(text) <= self._limit:
+        if len(text) <= self._limit and not isinstance(text, LongText):
             return text
-        half = self._limit // 2
-        display.plain = (
-            text[:half],
-            len(text) - self._limit,
-            text[len(text) - (self._limit - half) :],
-        )
-        head, omitted, tail = display.plain
+        budget = TextBudget(self._limit)
+        for piece in pieces(text):
+            budget.write(piece)
+        head, omitted, tail = budget.parts()
+        if not omitted:
+            return head
+        display.plain = (head, omitted, tail)
         return head + omitted_marker(omitted, self._log.spill_path) + tail
+
+    def _bounded_metadata(self, metadata: Any) -> dict[str, Any]:
+        if not isinstance(metadata, dict):
+            return {}
+        size = _payload_size(metadata, self._inline_limit)
+        if size <= self._inline_limit:
+            return dict(metadata)
+        return {"kernelexec": {"omitted_metadata": size}}
 
     def _log_display(self, display: _Display, raw: dict[str, Any], *, saved: bool) -> None:
         """The display's text in the spill file, a cut ``text/plain`` in full."""
         if display.plain is None:
             self._log.write(self._display_text(display, saved=saved) + "\n")
             return
-        self._log.write(_as_text(raw.get("text/plain", "")))
+        for piece in pieces(_string(raw.get("text/plain", ""))):
+            self._log.write(piece)
         for line in self._display_lines(display, saved=saved)[1]:
             self._log.write("\n" + line)
         self._log.write("\n")
@@ -433,7 +455,7 @@ class OutputCollector:
             if display.dropped:
                 continue
             raw = _mapping(content.get("data"))
-            display.out["metadata"] = dict(content.get("metadata", {}))
+            display.out["metadata"] = self._bounded_metadata(content.get("metadata"))
             if display.k is None and any(file_form(mime) for mime in raw):
                 self._rich_count += 1
                 display.k = self._rich_count
@@ -462,16 +484,17 @@ class OutputCollector:
     def _error(self, content: dict[str, Any]) -> None:
         self._maybe_clear()
         self._end_stream_lines()
-        ename = str(content.get("ename", "Error"))
-        evalue = str(content.get("evalue", ""))
+        ename = _string(content.get("ename", "Error"))
+        evalue = _string(content.get("evalue", ""))
         raw_tb = content.get("traceback") or []
-        traceback = [str(line) for line in (raw_tb if isinstance(raw_tb, list) else [raw_tb])]
+        traceback = [_string(line) for line in (raw_tb if isinstance(raw_tb, list) else [raw_tb])]
         # The full text goes to the spill file; what is kept is bounded: an exception with a
         # 100 MB message must not be held for the session, nor be put in front of a model.
         view = TextBudget(self._limit)
-        for piece in _error_pieces(ename, evalue, traceback):
-            view.write(piece)
-            self._log.write(piece)
+        for text in _error_pieces(ename, evalue, traceback):
+            for piece in pieces(text):
+                view.write(piece)
+                self._log.write(piece)
         self._log.write("\n")
         spill = self._log.spilled_to
         out: NbOutput = {
@@ -709,6 +732,13 @@ def _error_pieces(ename: str, evalue: str, traceback: list[str]) -> Iterator[str
         yield line
 
 
+def _string(value: Any) -> str:
+    """``value`` as text; a ``LongText`` stays one (``str()`` would keep only its bounded form)."""
+    if isinstance(value, str):
+        return value
+    return "".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
 def _mapping(value: Any) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
@@ -717,13 +747,15 @@ def _payload_size(value: Any, cap: int) -> int:
     """A MIME payload's size in characters (as JSON for a structure), counted no further than
     just past ``cap``: a huge payload costs O(cap) to size."""
     if isinstance(value, str):
-        return len(value)
+        return text_length(value)
     size = 0
     stack: list[Iterator[Any]] = [iter((value,))]
     while stack and size <= cap:
         item = next(stack[-1], _END)
         if item is _END:
             stack.pop()
+        elif isinstance(item, LongText):
+            return cap + 1 + item.length  # never kept inline
         elif isinstance(item, str):
             size += len(item) + 2
         elif isinstance(item, dict):
