@@ -393,11 +393,11 @@ class OutputCollector:
             if form is not None:
                 self._save_one(display, mime, form, full_value(value))
         display.out["data"] = data
-        meta = display.out["metadata"]
+        meta = display.out["metadata"]  # fresh from the message: no note of an earlier update
         if display.omitted:
-            meta["kernelexec"] = {"omitted_data": dict(display.omitted)}
-        elif isinstance(meta.get("kernelexec"), dict):
-            meta.pop("kernelexec")  # an update that fits: no stale note
+            note = meta.get("kernelexec")
+            meta["kernelexec"] = {**(note if isinstance(note, dict) else {})}
+            meta["kernelexec"]["omitted_data"] = dict(display.omitted)
 
     def _bounded_plain(self, display: _Display, text: str) -> str:
         if len(text) <= self._limit and not isinstance(text, LongText):
