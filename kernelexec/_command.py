@@ -183,9 +183,10 @@ class _Capture:
         spill = self.combined.spilled_to
         if omitted:
             return visible_text(head) + omitted_marker(omitted, spill) + visible_text(tail)
+        output = visible_text(head)
         if spill is not None:  # the view fits, what was written did not (a progress bar)
-            return f"{visible_text(head)}\n[full output in {spill}]"
-        return visible_text(head)
+            output += ("" if output.endswith("\n") else "\n") + f"[full output in {spill}]"
+        return output
 
     def result(
         self,
