@@ -273,15 +273,17 @@ with KernelExecutor(timeout=300) as ex:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 @pytest.mark.parametrize(
     ("code", "peak_bound"),
-    [("raise ValueError('e' * 30_000_000)", 200), ("'v' * 30_000_000", 100)],
-    ids=["30MB-error", "30MB-value"],
+    [("raise ValueError('e' * 40_000_000)", 190), ("'v' * 40_000_000", 100)],
+    ids=["40MB-error", "40MB-value"],
 )
 def test_host_memory_for_huge_outputs_is_bounded(
     tmp_path: Path, code: str, peak_bound: int
 ) -> None:
-    """Three blocks with a huge output each: the host holds about the messages in flight at
-    their peak (measured: 120 MB for the error, whose text comes twice in two messages; 60 MB
-    for the value), and nothing of them after."""
+    """Three blocks with a huge output each: at its peak the host holds about the messages in
+    flight, and nothing of them after. Measured peak growth: 154 MB for the error (its text
+    comes four times: value and traceback, in the iopub error and in the reply; 231 MB when each
+    huge string was also decoded, 610 MB before outputs were bounded), 77 MB for the value (116,
+    270). 40 MB: past glibc's largest mmap threshold, freed memory leaves RSS."""
     probe = tmp_path / "probe.py"
     probe.write_text(_MEMORY_PROBE)
     done = subprocess.run(
@@ -295,5 +297,5 @@ def test_host_memory_for_huge_outputs_is_bounded(
     )
     before, peak, after, result_size, notebook_size = (int(v) for v in done.stdout.split()[-5:])
     assert result_size < 100_000 and notebook_size < 300_000
-    assert after - before < 30, f"the session kept {after - before} MB after the blocks"
+    assert after - before < 20, f"the session kept {after - before} MB after the blocks"
     assert peak - before < peak_bound, f"host peak RSS grew by {peak - before} MB"
