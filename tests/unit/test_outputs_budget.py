@@ -6,6 +6,7 @@ Nothing is dropped silently: an output past the budget is counted in a visible m
 from __future__ import annotations
 
 import base64
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from kernelexec._outputs import OutputCollector, visible_text
 from kernelexec._types import NbOutput
+from kernelexec._view import LiveView
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\npng").decode()
 JPEG = base64.b64encode(b"\xff\xd8\xffjpeg").decode()
@@ -308,3 +310,17 @@ def test_carriage_returns_are_kept_raw_and_resolved_only_in_output(tmp_path: Pat
     assert body(done.output) == "b\n100%\n99%\n"  # what a terminal shows
     assert spill_text(tmp_path).startswith("a\rb\n12%\r50%\r100%\n\r0%\r1%")
     assert spill_text(tmp_path).endswith("\r99%\n")
+
+
+def test_the_live_view_names_a_payload_kept_only_in_its_file(tmp_path: Path) -> None:
+    seen = io.StringIO()
+    c = OutputCollector(
+        work_dir=tmp_path,
+        cell=1,
+        limit=2000,
+        spill_path=None,
+        on_output=LiveView(seen),
+        inline_limit=100,
+    )
+    c.feed(msg("display_data", data={"text/plain": "<HTML>", "text/html": "h" * 500}, metadata={}))
+    assert seen.getvalue() == "[text/html]\n"  # not "<HTML>": the HTML is in its file
