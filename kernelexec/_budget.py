@@ -8,10 +8,11 @@ passed, streams everything it is given to a spill file so the full output is sti
 from __future__ import annotations
 
 import codecs
+import json.decoder
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 DEFAULT_OUTPUT_LIMIT = 20_000
 DEFAULT_SPILL_LIMIT = 512 * 1024 * 1024  # stop writing the spill file past this
@@ -21,6 +22,144 @@ _SPILL_CHUNK = 1 << 20  # characters written to the spill file at a time
 def omitted_marker(count: int, spill: Path | None) -> str:
     where = f"; full output in {spill}" if spill is not None else ""
     return f"\n[... {count} characters omitted{where} ...]\n"
+
+
+#: a string of a received message longer than this (in bytes) is not decoded whole
+LONG_TEXT = 1 << 20
+
+
+class LongText(str):
+    """A string of a received message too long to decode whole (see ``backends/_iopub``).
+
+    Its value is its head and tail around a marker with the true count, so code that does not
+    know it sees a bounded text; ``length`` is that count and ``chunks()`` yields the full text,
+    decoded a piece at a time from the message's bytes (held as long as this object is).
+    """
+
+    length: int
+    _body: memoryview
+
+    def __new__(cls, body: memoryview) -> LongText:
+        budget = TextBudget(DEFAULT_OUTPUT_LIMIT)
+        for chunk in _json_chunks(body):
+            budget.write(chunk)
+        self = super().__new__(cls, budget.text())
+        self.length = budget.total
+        self._body = body
+        return self
+
+    def chunks(self) -> Iterator[str]:
+        return _json_chunks(self._body)
+
+
+def pieces(text: str) -> Iterator[str]:
+    """``text`` in pieces: a ``LongText`` decoded a piece at a time, any other as it is."""
+    if isinstance(text, LongText):
+        yield from text.chunks()
+    elif text:
+        yield text
+
+
+def text_length(text: str) -> int:
+    return text.length if isinstance(text, LongText) else len(text)
+
+
+def full_value(value: Any) -> Any:
+    """``value`` (a MIME payload) with each ``LongText`` in it decoded whole, to be written."""
+    if isinstance(value, LongText):
+        return "".join(value.chunks())
+    if isinstance(value, dict):
+        return {full_value(k): full_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [full_value(v) for v in value]
+    return value
+
+
+def _json_chunks(body: memoryview) -> Iterator[str]:
+    """The text of a JSON string's body (the bytes between its quotes), a MiB at a time; a
+    cut never falls inside an escape or a UTF-8 sequence."""
+    pos, end = 0, len(body)
+    while pos < end:
+        raw = bytes(body[pos : min(end, pos + _SPILL_CHUNK)])
+        if pos + len(raw) < end:
+            raw = raw[: _safe_cut(raw, body[pos + len(raw)])]
+        pos += len(raw)
+        yield _json_text(raw)
+
+
+def _safe_cut(raw: bytes, next_byte: int) -> int:
+    """Where ``raw`` (a chunk of a JSON string's body starting at a token) can be cut."""
+    n = len(raw)
+    last = raw.rfind(b"\\", max(0, n - 6))
+    if last != -1:
+        window = raw[max(0, last - 63) : last + 1]
+        run = len(window) - len(window.rstrip(b"\\"))
+        if run == len(window):  # a long run of backslashes: count it all
+            run = last + 1 - len(raw[: last + 1].rstrip(b"\\"))
+        if run % 2:  # raw[last] starts an escape: cut before it if it does not end here
+            width = 6 if raw[last + 1 : last + 2] == b"u" else 2
+            if last + width > n:
+                n = last
+    while n > 0 and ((raw[n] if n < len(raw) else next_byte) & 0xC0) == 0x80:
+        n -= 1  # not inside a UTF-8 sequence
+    return n if n > 0 else len(raw)
+
+
+def _json_text(raw: bytes) -> str:
+    text = raw.decode("utf-8", errors="replace")  # as jupyter_client decodes a message
+    if "\\" not in text:
+        return text
+    try:
+        return _scanstring('"' + text + '"', 1, False)[0]
+    except ValueError:  # not valid JSON: the text as it came
+        return text
+
+
+# the C scanner json.loads uses for one string (typeshed leaves it out)
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+def cut_text(text: str, limit: int, spill: Path | None = None) -> str:
+    """``text``, or at most ``limit`` of its characters (head and tail) around a marker that
+    counts the rest. Only the two ends are copied, whatever the size of ``text``."""
+    if isinstance(text, LongText):
+        budget = TextBudget(limit)
+        for chunk in text.chunks():
+            budget.write(chunk)
+        head, omitted, tail = budget.parts()
+        return head + omitted_marker(omitted, spill) + tail if omitted else head + tail
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    tail = text[len(text) - (limit - half) :]
+    return text[:half] + omitted_marker(len(text) - limit, spill) + tail
+
+
+def cut_lines(lines: list[str], limit: int, spill: Path | None = None) -> list[str]:
+    """``lines`` (a traceback) kept to about ``limit`` characters: each line cut to a quarter
+    of it, then the first lines and the last ones (the last always) that fit, with a line
+    between them that counts the characters left out."""
+    if sum(text_length(line) for line in lines) <= limit:
+        return [cut_text(line, limit, spill) for line in lines]  # a LongText made plain
+    cut = [cut_text(line, limit // 4, spill) for line in lines]
+    tail = _fitting(reversed(cut), limit - limit // 2, at_least_one=True)
+    head = _fitting(cut[: len(cut) - len(tail)], limit // 2, at_least_one=False)
+    left_out = lines[len(head) : len(lines) - len(tail)]
+    if not left_out:
+        return head + tail[::-1]
+    count = sum(text_length(line) for line in left_out)
+    return [*head, omitted_marker(count, spill).strip("\n"), *tail[::-1]]
+
+
+def _fitting(lines: Iterable[str], room: int, *, at_least_one: bool) -> list[str]:
+    """The first of ``lines`` whose lengths add up to at most ``room``."""
+    kept: list[str] = []
+    for line in lines:
+        if len(line) > room and (kept or not at_least_one):
+            break
+        kept.append(line)
+        room -= len(line)
+    return kept
 
 
 class TextBudget:

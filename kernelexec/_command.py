@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._budget import StreamDecoder, TextBudget
+from ._budget import StreamDecoder, TextBudget, omitted_marker
 from ._door import Door
 from ._errors import InvalidBlock, KernelExecError
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
-from ._outputs import visible_text
+from ._outputs import TerminalText, visible_text
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR, folder_option
 from .backends.base import CommandBackend, CommandOutcome
@@ -208,7 +208,11 @@ class _Capture:
         limit = executor.options.output_limit
         spill = executor._internal_path("output", f"block-{index}.txt")
         self._executor = executor
+        # as written, spilled in full (through the work dir's door: the code may plant links)
         self.combined = TextBudget(limit, spill_path=spill, spill_open=executor._door.create_text)
+        # ``output`` shows what a terminal would: ``\r`` and ``\b`` resolved, as kernels do
+        self.view = TextBudget(limit)
+        self._terminal = TerminalText(self.view.write, max_line=limit)
         self.out = TextBudget(limit)
         self.err = TextBudget(limit)
         self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
@@ -233,7 +237,7 @@ class _Capture:
         end = text.rfind("\n") + 1
         if end:  # a line ends here: the stream's held start of it goes first
             self._release(name)
-            self.combined.write(text if end == len(text) else text[:end])
+            self._put(text if end == len(text) else text[:end])
             text = text[end:]
         if text:
             self._held.setdefault(name, []).append(text)
@@ -244,19 +248,36 @@ class _Capture:
     def _release(self, name: str) -> None:
         self._held_len[name] = 0
         for text in self._held.pop(name, ()):
-            self.combined.write(text)
+            self._put(text)
+
+    def _put(self, text: str) -> None:
+        """Merged text, whole lines of one stream at a time: as written and as a terminal."""
+        self.combined.write(text)
+        self._terminal.write(text)
 
     def close(self) -> None:
         for name, decoder in self._decoders.items():
             self._feed(name, decoder.finish())
         for name in list(self._held):  # the partial lines left, the oldest first
             self._release(name)
+        self._terminal.flush()
         self.combined.close()
+
+    def _output(self) -> str:
+        """The terminal view, no raw control bytes in it (it is put before a model)."""
+        head, omitted, tail = self.view.parts()
+        spill = self.combined.spilled_to
+        if omitted:
+            return visible_text(head) + omitted_marker(omitted, spill) + visible_text(tail)
+        output = visible_text(head)
+        if spill is not None:  # the view fits, what was written did not (a progress bar)
+            output += ("" if output.endswith("\n") else "\n") + f"[full output in {spill}]"
+        return output
 
     def result(
         self, block: PreparedBlock, outcome: CommandOutcome, timeout: float, code_path: Path
     ) -> ExecutionResult:
-        output = visible_text(self.combined.text())  # no raw control bytes before a model
+        output = self._output()
         stdout, stderr = self.out.text(), self.err.text()
         exit_code, timed_out = outcome.exit_code, outcome.timed_out
         error: ErrorInfo | None = None

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._budget import full_value
 from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
@@ -647,7 +648,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         if reply.get("status") != "ok" or value.get("status") != "ok":
             detail = value.get("evalue") or reply.get("evalue") or "no answer"
             raise KernelExecError(f"the kernel could not carry out a file operation: {detail}")
-        return str(value["data"]["text/plain"])
+        return str(full_value(value["data"]["text/plain"]))  # a long reply is decoded whole
 
     async def _ensure_workspace(self) -> None:
         """A block may have deleted the work dir: recreate it and put the kernel back in it."""

@@ -1,25 +1,40 @@
 """Kernel messages -> nbformat v4 outputs, and the text views of them.
 
 ``OutputCollector`` is fed the iopub messages of one block. It keeps the nbformat outputs (the one
-output model), resolves stream text the way a terminal would (``\\r`` returns to the start of the
-line, ``\\b`` steps back, so progress bars collapse to their last state), saves every MIME type
-that has a file form into the work dir, and keeps memory bounded however much a block prints:
-stream text is held head + tail (``TextBudget``) and the full text is spilled to a file.
+output model), saves every MIME type that has a file form into the work dir, and keeps memory
+bounded however much a block prints: stream text is held head + tail (``TextBudget``) and the full
+text is spilled to a file; so are an error's text and a display's ``text/plain`` (cut with the true
+count), and any other payload larger than ``inline_limit`` lives only in its file.
+
+Stream text is kept as written in ``stdout`` / ``stderr``, the outputs and the spill file; only
+``output`` (the text a model reads) resolves it the way a terminal would (``\\r`` returns to the
+start of the line, ``\\b`` steps back, so progress bars collapse to their last state).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ._budget import TextBudget, join_parts, omitted_marker
+from ._budget import (
+    LongText,
+    TextBudget,
+    cut_lines,
+    cut_text,
+    full_value,
+    join_parts,
+    omitted_marker,
+    pieces,
+    text_length,
+)
 from ._door import Door
 from ._errors import KernelExecError
 from ._types import ErrorInfo, NbOutput
@@ -40,6 +55,10 @@ MIME_FILES: dict[str, tuple[str, str]] = {
     "application/json": ("json", "json"),
     "application/vnd.plotly.v1+json": ("plotly.json", "json"),
 }
+#: a payload (image, HTML, JSON...) larger than this many characters is kept only in its file
+INLINE_LIMIT = 1 << 20
+#: payload characters one block keeps inline in all; past it, payloads are kept only in files
+INLINE_BLOCK_LIMIT = 8 << 20
 # Vega and Vega-Lite carry their major version in the MIME type.
 _VEGA_RE = re.compile(r"^application/vnd\.(vega|vegalite)\.v\d+\+json$")
 
@@ -128,28 +147,34 @@ class TerminalText:
 
 
 class _Stream:
-    """One nbformat ``stream`` output under construction (consecutive same-name messages)."""
+    """One nbformat ``stream`` output under construction (consecutive same-name messages).
+
+    Two bounded copies: the text as written (the output's, like Jupyter's, and ``stdout``'s) and
+    its terminal view (``\\r`` and ``\\b`` resolved), which only ``output`` shows."""
 
     def __init__(self, name: str, limit: int, also: Callable[[str], None]) -> None:
         self.name = name
-        self.budget = TextBudget(limit)
+        self.raw = TextBudget(limit)
+        self.view = TextBudget(limit)
         self._also = also
-        self.terminal = TerminalText(self._commit, max_line=limit)
+        self.terminal = TerminalText(self.view.write, max_line=limit)
 
-    def _commit(self, text: str) -> None:
-        self.budget.write(text)
+    def write(self, text: str) -> None:
+        self.raw.write(text)
         self._also(text)
+        self.terminal.write(text)
 
     def text(self) -> str:
-        """The text so far, including the line still being written (not yet committed)."""
-        return self.budget.text() + self.terminal.pending
+        """The text so far, as written."""
+        return self.raw.text()
 
     def size(self) -> int:
         """Characters written so far (kept or not)."""
-        return self.budget.total + len(self.terminal.pending)
+        return self.raw.total
 
     def parts(self) -> tuple[str, int, str]:
-        head, omitted, tail = self.budget.parts()
+        """The terminal view, including the line still being written (not yet committed)."""
+        head, omitted, tail = self.view.parts()
         pending = self.terminal.pending
         return (head, omitted, tail + pending) if omitted else (head + pending, 0, "")
 
@@ -157,16 +182,32 @@ class _Stream:
 class _Display:
     """A ``display_data`` / ``execute_result`` output and its place in the display budget."""
 
-    __slots__ = ("dropped", "k", "out", "written")
+    __slots__ = ("dropped", "forms", "k", "omitted", "out", "plain", "written")
 
     def __init__(self, out: NbOutput, k: int | None) -> None:
         self.out = out
         self.k = k  # n in the file names cell{N}-{n}.*; numbered by arrival
         self.dropped = False  # past the budget: counted, its data let go
         self.written = False  # its files are on disk
+        #: the forms saved to files (of every MIME type it came with, kept inline or not)
+        self.forms: dict[str, tuple[str, str]] = {}
+        #: MIME type -> size (characters) of each payload too large to keep: only in its file
+        self.omitted: dict[str, int | None] = {}
+        #: a ``text/plain`` cut to the budget: (head, characters left out, tail)
+        self.plain: tuple[str, int, str] | None = None
 
 
-_Item = _Stream | _Display | NbOutput  # NbOutput: an error output
+class _Error:
+    """An ``error`` output, its fields bounded, and its text's view (cut with the true count)."""
+
+    __slots__ = ("out", "view")
+
+    def __init__(self, out: NbOutput, view: tuple[str, int, str]) -> None:
+        self.out = out
+        self.view = view
+
+
+_Item = _Stream | _Display | _Error
 
 
 @dataclass
@@ -213,7 +254,12 @@ class OutputCollector:
     The output budget (``limit`` characters of text) covers display outputs too: the first
     displays are kept while their text fits half of it, then the latest ones that fit the other
     half; those in between are counted in a visible marker output (``[... N display outputs
-    omitted ...]``) and their data let go. Files are written only for the displays kept.
+    omitted ...]``) and their data let go. Files are written only for the displays kept, and
+    for payloads too large to keep inline (``inline_limit`` characters each, ``inline_block_limit``
+    in all for the block): those are written at once and left out of the output's ``data`` (its
+    metadata says which, under ``kernelexec.omitted_data``), so memory holds none of them.
+    A ``text/plain`` (an ``execute_result``'s repr) and an error's text are cut to ``limit`` with
+    the true count, the full text going to the spill file.
     """
 
     def __init__(
@@ -226,11 +272,15 @@ class OutputCollector:
         on_output: Callable[[NbOutput], None] | None = None,
         outputs_dir: str | None = "outputs",
         door: Door | None = None,
+        inline_limit: int = INLINE_LIMIT,
+        inline_block_limit: int = INLINE_BLOCK_LIMIT,
     ) -> None:
         self._work_dir = work_dir
         # Display files and the spill file are written through the work dir's door: the code
         # may have planted links where they go (``outputs/`` as a link to a host folder).
         self._door = door or Door(work_dir)
+        self._inline_limit = inline_limit
+        self._inline_block_limit = inline_block_limit
         #: where rich outputs are saved, relative to the work dir (None: not saved as files)
         self._outputs_dir = outputs_dir
         self._cell = cell
@@ -256,6 +306,7 @@ class OutputCollector:
         self._tail: deque[tuple[_Display, int]] = deque()  # the latest displays, with their cost
         self._tail_cost = 0
         self._dropped = 0
+        self._inline_left = self._inline_block_limit  # payload characters still kept inline
 
     # -- feeding ---------------------------------------------------------------------------
     def feed(self, msg: dict[str, Any]) -> None:
@@ -268,16 +319,18 @@ class OutputCollector:
 
     def _stream(self, content: dict[str, Any]) -> None:
         name = "stderr" if content.get("name") == "stderr" else "stdout"
-        text = str(content.get("text", ""))
+        text = _string(content.get("text", ""))
         self._maybe_clear()
         last = self._items[-1] if self._items else None
         if not isinstance(last, _Stream) or last.name != name:
             self._end_stream_lines()  # the other stream's output is closed, as in a notebook
             last = _Stream(name, self._limit, self._std_sink(name))
             self._items.append(last)
-        last.terminal.write(text)
-        self._stream_since_display = min(self._limit, self._stream_since_display + len(text))
-        self._emit({"output_type": "stream", "name": name, "text": text})
+        for piece in pieces(text):  # a LongText: its full text, a piece at a time
+            last.write(piece)
+        size = text_length(text)
+        self._stream_since_display = min(self._limit, self._stream_since_display + size)
+        self._emit({"output_type": "stream", "name": name, "text": str(text)})
 
     def _std_sink(self, name: str) -> Callable[[str], None]:
         def sink(text: str) -> None:
@@ -291,16 +344,18 @@ class OutputCollector:
         self._end_stream_lines()
         out: NbOutput = {
             "output_type": output_type,
-            "data": dict(content.get("data", {})),
-            "metadata": dict(content.get("metadata", {})),
+            "data": {},
+            "metadata": self._bounded_metadata(content.get("metadata")),
         }
         if output_type == "execute_result":
             out["execution_count"] = content.get("execution_count")
+        raw = _mapping(content.get("data"))
         k = None
-        if any(file_form(mime) for mime in out["data"]):
+        if any(file_form(mime) for mime in raw):
             self._rich_count += 1
             k = self._rich_count
         display = _Display(out, k)
+        self._take_data(display, raw)
         self._items.append(display)
         display_id = content.get("transient", {}).get("display_id")
         if display_id:
@@ -314,11 +369,72 @@ class OutputCollector:
             self._head_room = max(0, self._head_room - cost)
             self._head_kept += 1
             self._save_files(display)
-            self._log.write(self._display_text(display) + "\n")
+            self._log_display(display, raw, saved=True)
         else:
             self._keep_latest(display, cost)
-            self._log.write(self._display_text(display, saved=False) + "\n")
+            self._log_display(display, raw, saved=False)
         self._emit(out)
+
+    def _take_data(self, display: _Display, raw: dict[str, Any]) -> None:
+        """Put ``raw`` in the display, bounded: ``text/plain`` cut to the budget (its full text
+        goes to the spill file when the display is logged); any other payload kept inline if
+        it fits the inline limits, else written to its file now (when it has one) and left
+        out of ``data``, its size noted in the metadata."""
+        display.forms = dict(self._file_forms(raw)) if display.k is not None else {}
+        display.omitted = {}
+        display.plain = None
+        data: dict[str, Any] = {}
+        for mime, value in raw.items():
+            if mime == "text/plain":
+                data[mime] = self._bounded_plain(display, _string(value))
+                continue
+            size = _payload_size(value, self._inline_limit)
+            fits = size <= min(self._inline_limit, self._inline_left)
+            if fits and not isinstance(value, LongText):
+                self._inline_left -= size
+                data[mime] = value
+                continue
+            display.omitted[mime] = size if isinstance(value, str) else None
+            form = display.forms.get(mime)
+            if form is not None:
+                self._save_one(display, mime, form, full_value(value))
+        display.out["data"] = data
+        meta = display.out["metadata"]  # fresh from the message: no note of an earlier update
+        if display.omitted:
+            note = meta.get("kernelexec")
+            meta["kernelexec"] = {**(note if isinstance(note, dict) else {})}
+            meta["kernelexec"]["omitted_data"] = dict(display.omitted)
+
+    def _bounded_plain(self, display: _Display, text: str) -> str:
+        if len(text) <= self._limit and not isinstance(text, LongText):
+            return text
+        budget = TextBudget(self._limit)
+        for piece in pieces(text):
+            budget.write(piece)
+        head, omitted, tail = budget.parts()
+        if not omitted:
+            return head
+        display.plain = (head, omitted, tail)
+        return head + omitted_marker(omitted, self._log.spill_path) + tail
+
+    def _bounded_metadata(self, metadata: Any) -> dict[str, Any]:
+        if not isinstance(metadata, dict):
+            return {}
+        size = _payload_size(metadata, self._inline_limit)
+        if size <= self._inline_limit:
+            return dict(metadata)
+        return {"kernelexec": {"omitted_metadata": size}}
+
+    def _log_display(self, display: _Display, raw: dict[str, Any], *, saved: bool) -> None:
+        """The display's text in the spill file, a cut ``text/plain`` in full."""
+        if display.plain is None:
+            self._log.write(self._display_text(display, saved=saved) + "\n")
+            return
+        for piece in pieces(_string(raw.get("text/plain", ""))):
+            self._log.write(piece)
+        for line in self._display_lines(display, saved=saved)[1]:
+            self._log.write("\n" + line)
+        self._log.write("\n")
 
     def _keep_latest(self, display: _Display, cost: int) -> None:
         """The tail: the latest displays that fit; the oldest of them is dropped to make room."""
@@ -344,15 +460,15 @@ class OutputCollector:
         for display in self._display_ids.get(display_id, []):
             if display.dropped:
                 continue
-            item = display.out
-            item["data"] = dict(content.get("data", {}))
-            item["metadata"] = dict(content.get("metadata", {}))
-            if display.k is None and any(file_form(mime) for mime in item["data"]):
+            raw = _mapping(content.get("data"))
+            display.out["metadata"] = self._bounded_metadata(content.get("metadata"))
+            if display.k is None and any(file_form(mime) for mime in raw):
                 self._rich_count += 1
                 display.k = self._rich_count
+            self._take_data(display, raw)
             if display.written:
                 self._save_files(display)
-            self._emit(item)
+            self._emit(display.out)
 
     def _clear(self, content: dict[str, Any]) -> None:
         if content.get("wait"):
@@ -374,20 +490,31 @@ class OutputCollector:
     def _error(self, content: dict[str, Any]) -> None:
         self._maybe_clear()
         self._end_stream_lines()
-        traceback = [str(line) for line in content.get("traceback", [])]
-        self.error = ErrorInfo(
-            ename=str(content.get("ename", "Error")),
-            evalue=str(content.get("evalue", "")),
-            traceback=[strip_ansi(line) for line in traceback],
-        )
+        ename = _string(content.get("ename", "Error"))
+        evalue = _string(content.get("evalue", ""))
+        raw_tb = content.get("traceback") or []
+        traceback = [_string(line) for line in (raw_tb if isinstance(raw_tb, list) else [raw_tb])]
+        # The full text goes to the spill file; what is kept is bounded: an exception with a
+        # 100 MB message must not be held for the session, nor be put in front of a model.
+        view = TextBudget(self._limit)
+        for text in _error_pieces(ename, evalue, traceback):
+            for piece in pieces(text):
+                view.write(piece)
+                self._log.write(piece)
+        self._log.write("\n")
+        spill = self._log.spilled_to
         out: NbOutput = {
             "output_type": "error",
-            "ename": self.error.ename,
-            "evalue": self.error.evalue,
-            "traceback": traceback,  # the notebook keeps the colours
+            "ename": cut_text(ename, self._limit, spill),
+            "evalue": cut_text(evalue, self._limit, spill),
+            "traceback": cut_lines(traceback, self._limit, spill),  # the notebook keeps colours
         }
-        self._items.append(out)
-        self._log.write(_error_text(out) + "\n")
+        self.error = ErrorInfo(
+            ename=out["ename"],
+            evalue=out["evalue"],
+            traceback=[strip_ansi(line) for line in out["traceback"]],
+        )
+        self._items.append(_Error(out, view.parts()))
         self._emit(out)
 
     def _execute_input(self, content: dict[str, Any]) -> None:
@@ -416,13 +543,18 @@ class OutputCollector:
     # -- rich outputs ------------------------------------------------------------------------
     def _save_files(self, display: _Display) -> None:
         display.written = True
+        data = display.out["data"]
+        for mime, form in display.forms.items():
+            if mime in data:  # the others were written when they came
+                self._save_one(display, mime, form, data[mime])
+
+    def _save_one(self, display: _Display, mime: str, form: tuple[str, str], payload: Any) -> None:
         if display.k is None or self._outputs_dir is None:
             return
-        for mime, (ext, encoding) in self._file_forms(display.out["data"]):
-            path = self._work_dir / self._outputs_dir / f"cell{self._cell}-{display.k}.{ext}"
-            written = _write_payload(self._door, path, display.out["data"][mime], encoding)
-            if written and path not in self._saved:
-                self._saved.append(path)
+        ext, encoding = form
+        path = self._work_dir / self._outputs_dir / f"cell{self._cell}-{display.k}.{ext}"
+        if _write_payload(self._door, path, payload, encoding) and path not in self._saved:
+            self._saved.append(path)
 
     @staticmethod
     def _file_forms(data: dict[str, Any]) -> list[tuple[str, tuple[str, str]]]:
@@ -436,31 +568,39 @@ class OutputCollector:
         return forms
 
     def _display_text(self, display: _Display, *, saved: bool = True) -> str:
+        plain, others = self._display_lines(display, saved=saved)
+        return "\n".join(others if plain is None else [plain, *others])
+
+    def _display_lines(self, display: _Display, *, saved: bool) -> tuple[str | None, list[str]]:
+        """The display's ``text/plain`` (None: not shown) and the lines naming its other forms."""
         data = display.out["data"]
-        k = display.k
-        saved = saved and self._outputs_dir is not None
-        files = dict(self._file_forms(data)) if k is not None else {}
+        saved = saved and self._outputs_dir is not None and display.k is not None
+        files = display.forms if saved else {}
         plain = _as_text(data["text/plain"]) if "text/plain" in data else None
-        if plain is not None and saved and _is_bare_repr(plain) and _has_image(files):
+        if plain is not None and _is_bare_repr(plain) and _has_image(files):
             plain = None  # "<Figure size 640x480 with 1 Axes>" says nothing the file does not
-        lines = [plain] if plain is not None else []
-        for mime in data:
+        lines: list[str] = []
+        for mime in [*data, *display.omitted]:
             form = files.get(mime)
-            if form is not None and saved:
-                rel = f"{self._outputs_dir}/cell{self._cell}-{k}.{form[0]}"
+            if form is not None:
+                rel = f"{self._outputs_dir}/cell{self._cell}-{display.k}.{form[0]}"
                 lines.append(f"[{mime} saved to {rel}]")
-            elif mime != "text/plain" and not lines:
+            elif mime in display.omitted and not (_has_image(files) and mime in _IMAGE_PREFERENCE):
+                size = display.omitted[mime]
+                what = "" if size is None else f" of {size} characters"
+                lines.append(f"[{mime} output{what} left out: too large to keep]")
+            elif mime != "text/plain" and plain is None and not lines:
                 lines.append(f"[{mime} output]")
-        return "\n".join(lines)
+        return plain, lines
 
     def pop_error(self, ename: str) -> ErrorInfo | None:
         """Remove the error outputs named ``ename`` (e.g. the ``KeyboardInterrupt`` our own
         interrupt caused) and return the last of them."""
-        found = [i for i in self._items if isinstance(i, dict) and i.get("ename") == ename]
+        found = [i for i in self._items if isinstance(i, _Error) and i.out.get("ename") == ename]
         if not found:
             return None
         self._items = [i for i in self._items if not any(i is f for f in found)]
-        last = found[-1]
+        last = found[-1].out
         if self.error is not None and self.error.ename == ename:
             self.error = None
         return ErrorInfo(
@@ -508,11 +648,11 @@ class OutputCollector:
             execution_count=self.execution_count,
         )
 
-    def _runs(self) -> list[_Stream | _Display | NbOutput | _Gap]:
+    def _runs(self) -> list[_Item | _Gap]:
         """The items, each run of dropped displays replaced by a gap that counts them; stream
         output printed between two dropped displays is folded into the gap (counted too), so
         a loop that prints and displays stays a bounded list of outputs."""
-        runs: list[_Stream | _Display | NbOutput | _Gap] = []
+        runs: list[_Item | _Gap] = []
         held: list[_Stream] = []  # streams after a gap: folded in if the gap goes on
         for item in self._items:
             gap = runs[-1] if runs and isinstance(runs[-1], _Gap) else None
@@ -539,10 +679,8 @@ class OutputCollector:
                 outputs.append(item.output())
             elif isinstance(item, _Stream):
                 outputs.append({"output_type": "stream", "name": item.name, "text": item.text()})
-            elif isinstance(item, _Display):
-                outputs.append(item.out)
             else:
-                outputs.append(item)
+                outputs.append(item.out)
         return outputs
 
     def _views(self) -> list[tuple[bool, tuple[str, int, str]]]:
@@ -550,16 +688,21 @@ class OutputCollector:
         views: list[tuple[bool, tuple[str, int, str]]] = []
         for item in self._runs():
             if isinstance(item, _Gap):
-                text = item.text()
+                views.append((False, (item.text(), 0, "")))
             elif isinstance(item, _Stream):
                 views.append((True, item.parts()))
-                continue
             elif isinstance(item, _Display):
-                text = self._display_text(item)
+                views.append((False, self._display_view(item)))
             else:
-                text = _error_text(item)
-            views.append((False, (text, 0, "")))
+                views.append((False, item.view))
         return views
+
+    def _display_view(self, display: _Display) -> tuple[str, int, str]:
+        if display.plain is None:
+            return self._display_text(display), 0, ""
+        head, omitted, tail = display.plain
+        others = self._display_lines(display, saved=True)[1]
+        return head, omitted, tail + "".join("\n" + line for line in others)
 
 
 # Best first: the one image form saved to a file when an output carries several.
@@ -582,13 +725,57 @@ def _as_text(value: Any) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
 
 
-def _error_text(out: NbOutput) -> str:
-    traceback = out.get("traceback") or []
-    if traceback:
-        # As Jupyter shows it: the lines joined, each kept as it is (a frame's trailing
-        # newline is the blank line between frames).
-        return "\n".join(str(line) for line in traceback)
-    return f"{out.get('ename')}: {out.get('evalue')}"
+def _error_pieces(ename: str, evalue: str, traceback: list[str]) -> Iterator[str]:
+    """An error's text in pieces (no joined copy of a huge one)."""
+    if not traceback:
+        yield from (ename, ": ", evalue)
+        return
+    # As Jupyter shows it: the lines joined, each kept as it is (a frame's trailing newline
+    # is the blank line between frames).
+    for i, line in enumerate(traceback):
+        if i:
+            yield "\n"
+        yield line
+
+
+def _string(value: Any) -> str:
+    """``value`` as text; a ``LongText`` stays one (``str()`` would keep only its bounded form)."""
+    if isinstance(value, str):
+        return value
+    return "".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _payload_size(value: Any, cap: int) -> int:
+    """A MIME payload's size in characters (as JSON for a structure), counted no further than
+    just past ``cap``: a huge payload costs O(cap) to size."""
+    if isinstance(value, str):
+        return text_length(value)
+    size = 0
+    stack: list[Iterator[Any]] = [iter((value,))]
+    while stack and size <= cap:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, LongText):
+            return cap + 1 + item.length  # never kept inline
+        elif isinstance(item, str):
+            size += len(item) + 2
+        elif isinstance(item, dict):
+            size += 2
+            stack.append(itertools.chain.from_iterable(item.items()))
+        elif isinstance(item, list | tuple):
+            size += 2
+            stack.append(iter(item))
+        else:
+            size += 8  # a number, true, false, null: a few characters
+    return size
+
+
+_END = object()
 
 
 def _write_payload(door: Door, path: Path, payload: Any, encoding: str) -> bool:

@@ -32,7 +32,7 @@ class LiveView:
             text = "\n".join(lines) if lines else f"{output.get('ename')}: {output.get('evalue')}"
             self._line(text if self._colour else strip_ansi(text))
         elif kind in {"display_data", "execute_result"}:
-            self._line(_display_line(output.get("data") or {}))
+            self._line(_display_line(output.get("data") or {}, _omitted(output)))
 
     def finish(self) -> None:
         """End a block's output on a line of its own."""
@@ -54,9 +54,17 @@ def _text(value: Any) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
 
 
-def _display_line(data: dict[str, Any]) -> str:
+def _omitted(output: NbOutput) -> list[str]:
+    """The MIME types left out of an output's data as too large (they live in their files)."""
+    note = (output.get("metadata") or {}).get("kernelexec")
+    omitted = note.get("omitted_data") if isinstance(note, dict) else None
+    return [str(mime) for mime in omitted] if isinstance(omitted, dict) else []
+
+
+def _display_line(data: dict[str, Any], omitted: list[str]) -> str:
     """A rich output as one line: the file-backed forms it has, else its plain text."""
-    forms = [mime for mime in data if mime != "text/plain" and file_form(mime) is not None]
+    mimes = [*data, *omitted]
+    forms = [mime for mime in mimes if mime != "text/plain" and file_form(mime) is not None]
     if forms:
         return f"[{', '.join(forms)}]"
     return _text(data.get("text/plain", "")).rstrip("\n")

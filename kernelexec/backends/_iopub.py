@@ -7,11 +7,19 @@ socket is read with ``NOBLOCK`` until it is empty (or a batch is full, or an ``i
 nothing after it is taken, it belongs to the next reader). Each message is checked as
 ``Session.deserialize`` checks it (HMAC signature, replayed signatures refused) and unpacked the
 same way, except that the ``date`` fields stay ISO strings (kernelexec does not read them).
+
+A message's content can be huge (a 100 MB exception message, a 50 MB repr). Its strings longer
+than ``LONG_TEXT`` bytes are not decoded: each becomes a ``LongText`` over the received bytes (a
+bounded value, its true length, the full text on demand a MiB at a time), so the host holds the
+message once, not its bytes and a decoded copy of each huge string; the output collector spills
+the full text and keeps a bounded form. A batch stops after a large message (``BATCH_BYTES``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import weakref
 from hmac import compare_digest
 from queue import Empty
@@ -22,9 +30,16 @@ from jupyter_client.adapter import adapt
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.session import Session
 
+from .._budget import LONG_TEXT, LongText
+
 #: messages taken in one batch at most (the receive queue holds 64; see ``_ready``): a batch of
 #: 256 KiB stream messages stays a few MB
 BATCH = 64
+#: a batch ends once its messages hold this many bytes: one huge message is held at a time
+BATCH_BYTES = 8 << 20
+#: a content frame scanned for long strings holds at most this many strings; past it (a huge
+#: structure of small strings, no string worth sparing) it is decoded as jupyter_client does
+_MAX_STRINGS = 100_000
 
 _shadows: weakref.WeakKeyDictionary[Any, zmq.Socket[bytes]] = weakref.WeakKeyDictionary()
 
@@ -130,12 +145,15 @@ async def receive_batch(kc: AsyncKernelClient, timeout: float | None) -> list[di
     sync = _sync(socket)
     session = kc.session
     msgs: list[dict[str, Any]] = []
-    while len(msgs) < BATCH:
+    held = 0
+    while len(msgs) < BATCH and held < BATCH_BYTES:
         try:
             frames = sync.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             break
+        held += sum(len(frame) for frame in frames)
         msg = decode(session, frames)
+        del frames  # a huge content frame lives on only in its message's LongTexts
         msgs.append(msg)
         if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
             break
@@ -165,7 +183,7 @@ def decode(session: Session, frames: list[bytes]) -> dict[str, Any]:
         "msg_type": header["msg_type"],
         "parent_header": unpack(parts[2]),
         "metadata": unpack(parts[3]),
-        "content": unpack(parts[4]),
+        "content": unpack_bounded(parts[4], unpack),
         "buffers": [memoryview(b) for b in parts[5:]],
     }
     version = header.get("version")
@@ -173,3 +191,77 @@ def decode(session: Session, frames: list[bytes]) -> dict[str, Any]:
         return message  # the current protocol: adapt() would leave it as it is
     result: dict[str, Any] = adapt(message)
     return result
+
+
+def unpack_bounded(frame: bytes, unpack: Any = json.loads) -> Any:
+    """``unpack(frame)``, except that in a frame over ``LONG_TEXT`` bytes each string literal
+    longer than that stays undecoded, a ``LongText`` over ``frame``."""
+    if len(frame) <= LONG_TEXT:
+        return unpack(frame)
+    spans = _long_strings(frame)
+    if not spans:
+        return unpack(frame)
+    token = f"\x00kx-{secrets.token_hex(8)}-"
+    parts, previous = [], 0
+    for i, (start, end) in enumerate(spans):
+        parts += [frame[previous : start - 1], json.dumps(f"{token}{i}").encode()]
+        previous = end + 1
+    parts.append(frame[previous:])
+    view = memoryview(frame)
+    longs = [LongText(view[start:end]) for start, end in spans]
+    small = json.loads(b"".join(parts).decode("utf-8", errors="replace"))
+    return _put_back(small, token, longs)
+
+
+def _long_strings(frame: bytes) -> list[tuple[int, int]]:
+    """(start, end) of the body of each JSON string longer than ``LONG_TEXT`` bytes in
+    ``frame``; none when it holds too many strings to look at (see ``_MAX_STRINGS``)."""
+    spans: list[tuple[int, int]] = []
+    find, pos = frame.find, 0
+    for _ in range(_MAX_STRINGS):
+        start = find(b'"', pos) + 1  # outside strings, a quote opens one
+        if not start:
+            return spans
+        end = start
+        while True:
+            end = find(b'"', end)
+            if end == -1:
+                return []  # not JSON: the decoder will say so
+            window = frame[max(start, end - 64) : end]
+            escapes = len(window) - len(window.rstrip(b"\\"))
+            if escapes == 64:
+                escapes = end - start - len(frame[start:end].rstrip(b"\\"))
+            if escapes % 2 == 0:  # not an escaped quote: the string ends here
+                break
+            end += 1
+        if end - start > LONG_TEXT:
+            spans.append((start, end))
+        pos = end + 1
+    return []
+
+
+def _put_back(value: Any, token: str, longs: list[LongText]) -> Any:
+    """``value`` with each placeholder string (``token`` + index) replaced by its LongText."""
+
+    def real(item: Any) -> Any:
+        if isinstance(item, str) and item.startswith(token):
+            return longs[int(item[len(token) :])]
+        return item
+
+    root = [value]
+    stack: list[Any] = [root]
+    while stack:  # no recursion: a deeply nested message cannot exhaust the stack
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, dict | list):
+                    stack.append(item)
+                else:
+                    node[i] = real(item)
+            continue
+        for key in list(node):
+            item = node.pop(key) if real(key) is not key else node[key]
+            if isinstance(item, dict | list):
+                stack.append(item)
+            node[real(key)] = real(item)
+    return root[0]

@@ -50,3 +50,24 @@ def test_binary_output_is_visible_not_raw(tmp_path: Path) -> None:
         result = ex.execute("import os; os.write(1, b'a\\x00b\\x1b\\x07c\\n')")
     assert "a\\x00b\\x1b\\x07c\n" in result.output
     assert "\x00" in result.stdout  # stdout keeps the raw text
+
+
+# -- 31.10: carriage returns: kept as written; ``output`` is the terminal view ---------------------
+CARRIAGE_RETURNS = "print('a\\rb'); import sys; _ = sys.stdout.write('12%\\r50%\\r100%\\n')"
+
+
+def test_stdout_keeps_carriage_returns_output_shows_the_terminal_view(tmp_path: Path) -> None:
+    with CommandLineExecutor(work_dir=tmp_path) as ex:
+        result = ex.execute(CARRIAGE_RETURNS)
+    assert result.stdout == "a\rb\n12%\r50%\r100%\n"
+    assert result.outputs[0]["text"] == result.stdout
+    assert result.output == "b\n100%\n"  # as kernels show it (it was "a\\x0db\\n12%\\x0d...")
+
+
+def test_a_progress_bar_past_the_limit_is_spilled_as_written(tmp_path: Path) -> None:
+    code = "import sys\nfor i in range(3000): sys.stdout.write(f'\\r{i:5d}')\nprint()"
+    with CommandLineExecutor(work_dir=tmp_path, output_limit=1000) as ex:
+        result = ex.execute(code)
+    assert result.output.startswith(" 2999\n[full output in ")  # the bar's last state
+    assert result.full_output_file is not None
+    assert result.full_output_file.read_bytes().count(b"\r") == 3000  # every update

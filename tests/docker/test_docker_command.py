@@ -372,3 +372,11 @@ def test_plt_show_saves_figures_in_the_container(tmp_path: Path) -> None:
         r = ex.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
     assert r.output == "[image/png saved to outputs/cell1-1.png]\n", r.output
     assert (tmp_path / "outputs" / "cell1-1.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_stdout_keeps_carriage_returns_output_shows_the_terminal_view(
+    ex: CommandLineExecutor,
+) -> None:
+    result = run(ex, "print('a\\rb'); import sys; _ = sys.stdout.write('12%\\r50%\\r100%\\n')")
+    assert result.stdout == "a\rb\n12%\r50%\r100%\n"  # as written
+    assert result.output == "b\n100%\n"  # as kernels show it

@@ -127,3 +127,21 @@ def test_host_memory_stays_bounded_under_a_flood(
     assert exit_code == 0 and length < 30_000
     # Generous (measured: under 20 MB; 190 to 290 MB when a flood came as one message).
     assert peak - before < 60, f"host peak RSS grew by {peak - before} MB"
+
+
+# -- 31.10 / 30.5 on the Docker kernel ------------------------------------------------------------
+def test_stdout_keeps_carriage_returns_output_shows_the_terminal_view(dex: KernelExecutor) -> None:
+    result = dex.execute("print('a\\rb'); import sys; _ = sys.stdout.write('12%\\r50%\\r100%\\n')")
+    assert result.stdout == "a\rb\n12%\r50%\r100%\n"
+    assert result.output == "b\n100%\n"
+
+
+def test_a_huge_error_is_cut_with_the_true_count(dex: KernelExecutor) -> None:
+    n = 5_000_000
+    result = dex.execute(f"raise ValueError('#' * {n})")
+    assert result.error is not None
+    [count] = [int(c) for c in _OMITTED_CHARS.findall(result.error.evalue)]
+    assert count + result.error.evalue.count("#") == n
+    assert len(result.output) < 25_000 and len(str(dex.notebook.cells[-1])) < 100_000
+    assert result.full_output_file is not None
+    assert result.full_output_file.read_text().count("#" * n) >= 1

@@ -85,7 +85,7 @@ def test_interrupt_stops_a_block_and_keeps_state(
 
 
 # -- Part 2: messages -------------------------------------------------------------------------
-def test_stream_is_resolved_like_a_terminal(ex: KernelExecutor) -> None:
+def test_output_is_resolved_like_a_terminal_stdout_kept_as_written(ex: KernelExecutor) -> None:
     code = (
         "import sys, time\n"
         "for i in range(1, 6):\n"
@@ -93,8 +93,9 @@ def test_stream_is_resolved_like_a_terminal(ex: KernelExecutor) -> None:
         "sys.stderr.write('\\n'); sys.stderr.flush(); time.sleep(0.3); print('ab\\bc')"
     )
     r = ex.execute(code)
-    assert r.stderr == "progress 5/5\n"
-    assert r.stdout == "ac\n"
+    assert r.output == "progress 5/5\nac\n"
+    assert r.stderr == "".join(f"\rprogress {i}/5" for i in range(1, 6)) + "\n"
+    assert r.stdout == "ab\bc\n"
     assert_valid_outputs(r.outputs)
 
 

@@ -192,3 +192,110 @@ def test_host_memory_stays_bounded_under_a_flood(tmp_path: Path, code: str) -> N
     assert exit_code == 0 and length < 30_000
     # Generous (measured: under 20 MB; 190 to 290 MB when a flood came as one message).
     assert peak - before < 100, f"host peak RSS grew by {peak - before} MB"
+
+
+# -- 30.5: every output is bounded where it crosses; the session holds no huge text ----------------
+def test_a_huge_error_is_cut_with_the_true_count_and_kept_in_full_on_disk(
+    ex: KernelExecutor,
+) -> None:
+    n = 5_000_000  # past the 1 MiB a message string is decoded whole
+    result = ex.execute(f"raise ValueError('#' * {n})")
+    assert result.error is not None and result.error.ename == "ValueError"
+    evalue = result.error.evalue
+    [count] = [int(c) for c in _OMITTED_CHARS.findall(evalue)]
+    assert count + evalue.count("#") == n  # cut, and the count is true
+    assert len(evalue) < 21_000 and sum(map(len, result.error.traceback)) < 30_000
+    assert len(result.output) < 25_000 and result.truncated
+    assert result.full_output_file is not None
+    assert result.full_output_file.read_text().count("#" * n) >= 1  # nothing lost
+    cell = json.dumps(ex.notebook.cells[-1])
+    assert len(cell) < 60_000  # the session notebook holds the bounded form
+
+
+def test_a_huge_value_is_cut_with_the_true_count(ex: KernelExecutor) -> None:
+    n = 5_000_000
+    result = ex.execute(f"'#' * {n}")
+    [shown] = [o["data"]["text/plain"] for o in result.outputs]
+    [count] = [int(c) for c in _OMITTED_CHARS.findall(shown)]
+    assert count + shown.count("#") + shown.count("'") == n + 2  # and the repr's quotes
+    assert len(json.dumps(ex.notebook.cells[-1])) < 30_000
+    assert result.full_output_file is not None
+    assert result.full_output_file.read_text().count("#" * n) == 1
+
+
+def test_a_huge_html_display_lives_only_in_its_file(ex: KernelExecutor) -> None:
+    n = 5_000_000
+    code = f"from IPython.display import HTML, display\ndisplay(HTML('<b>' + 'h' * {n} + '</b>'))"
+    result = ex.execute(code)
+    [out] = result.outputs
+    assert "text/html" not in out["data"]
+    assert out["metadata"]["kernelexec"]["omitted_data"] == {"text/html": n + 7}
+    [html] = [p for p in result.files if p.suffix == ".html"]
+    assert html.stat().st_size == n + 7
+    assert f"[text/html saved to outputs/{html.name}]" in result.output
+    assert len(json.dumps(ex.notebook.cells[-1])) < 10_000
+
+
+# -- 31.10: carriage returns ---------------------------------------------------------------------
+def test_stdout_keeps_carriage_returns_output_shows_the_terminal_view(ex: KernelExecutor) -> None:
+    result = ex.execute(CARRIAGE_RETURNS)
+    assert result.stdout == "a\rb\n12%\r50%\r100%\n"  # as written
+    assert result.outputs[0]["text"] == result.stdout  # the notebook's, as Jupyter keeps it
+    assert result.output == "b\n100%\n"  # what a terminal shows
+
+
+CARRIAGE_RETURNS = "print('a\\rb'); import sys; _ = sys.stdout.write('12%\\r50%\\r100%\\n')"
+
+_MEMORY_PROBE = """\
+import ctypes, gc, json, sys
+from kernelexec import KernelExecutor
+
+def status_mb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) // 1024
+
+with KernelExecutor(timeout=300) as ex:
+    ex.execute("1")
+    gc.collect()
+    before = status_mb("VmRSS")
+    results = [ex.execute(sys.argv[1]) for _ in range(3)]
+    peak = status_mb("VmHWM")
+    sizes = [len(r.output) + len(json.dumps(r.outputs)) for r in results]
+    del results
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)  # memory freed but kept by malloc is not held
+    print(before, peak, status_mb("VmRSS"), max(sizes), len(json.dumps(ex.notebook.cells)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize(
+    ("code", "peak_bound"),
+    [("raise ValueError('e' * 40_000_000)", 190), ("'v' * 40_000_000", 100)],
+    ids=["40MB-error", "40MB-value"],
+)
+def test_host_memory_for_huge_outputs_is_bounded(
+    tmp_path: Path, code: str, peak_bound: int
+) -> None:
+    """Three blocks with a huge output each: at its peak the host holds about the messages in
+    flight, and nothing of them after. Measured peak growth: 154 MB for the error (its text
+    comes four times: value and traceback, in the iopub error and in the reply; 231 MB when each
+    huge string was also decoded, 610 MB before outputs were bounded), 77 MB for the value (116,
+    270). 40 MB: past glibc's largest mmap threshold, freed memory leaves RSS."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(_MEMORY_PROBE)
+    done = subprocess.run(
+        [sys.executable, str(probe), code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},  # this checkout
+        check=True,
+    )
+    before, peak, after, result_size, notebook_size = (int(v) for v in done.stdout.split()[-5:])
+    assert result_size < 100_000 and notebook_size < 300_000
+    assert after - before < 20, f"the session kept {after - before} MB after the blocks"
+    assert peak - before < peak_bound, f"host peak RSS grew by {peak - before} MB"

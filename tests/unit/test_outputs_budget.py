@@ -6,6 +6,7 @@ Nothing is dropped silently: an output past the budget is counted in a visible m
 from __future__ import annotations
 
 import base64
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from kernelexec._outputs import OutputCollector, visible_text
 from kernelexec._types import NbOutput
+from kernelexec._view import LiveView
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\npng").decode()
 JPEG = base64.b64encode(b"\xff\xd8\xffjpeg").decode()
@@ -201,3 +203,124 @@ def test_printing_between_displays_stays_a_bounded_list(tmp_path: Path) -> None:
     assert kept_text + counts["omitted_stream_characters"] == printed  # every character counted
     assert gap["data"]["text/plain"] in done.output
     assert_valid(done.outputs)
+
+
+# -- 30.5: every output is bounded where it is collected -----------------------------------------
+_COUNT = re.compile(r"\[\.\.\. (\d+) characters omitted")
+
+
+def spill_text(tmp_path: Path) -> str:
+    return (tmp_path / ".kernelexec" / "o.txt").read_bytes().decode()  # no newline translation
+
+
+def test_a_huge_error_is_cut_with_the_true_count_and_spilled(tmp_path: Path) -> None:
+    c = collector(tmp_path, limit=2000)
+    huge = "#" * 1_000_000
+    tb = ["\x1b[0;31m---\x1b[0m", "Cell In[1], line 1\n----> 1 raise E\n", f"E: {huge}"]
+    c.feed(msg("error", ename="E", evalue=huge, traceback=tb))
+    done = c.finish()
+    assert done.error is not None
+    [count] = [int(n) for n in _COUNT.findall(done.error.evalue)]
+    assert count + done.error.evalue.count("#") == 1_000_000
+    assert sum(map(len, done.error.traceback)) < 2000 + 400
+    assert done.error.traceback[0] == "---" and done.error.traceback[-1].startswith("E: ###")
+    [err] = done.outputs
+    assert len(err["evalue"]) < 2200 and err["traceback"][0].startswith("\x1b")  # colours kept
+    [count] = [int(n) for n in _COUNT.findall(body(done.output))]
+    assert count + body(done.output).count("#") == 1_000_000  # the output's count is true too
+    assert len(done.output) < 2500 and done.truncated
+    assert spill_text(tmp_path).count(huge) == 1  # the full text, once
+    assert_valid(done.outputs)
+
+
+def test_a_huge_repr_is_cut_with_the_true_count_and_spilled(tmp_path: Path) -> None:
+    c = collector(tmp_path, limit=2000)
+    c.feed(msg("execute_result", data={"text/plain": "#" * 100_000}, metadata={}))
+    done = c.finish()
+    shown = done.outputs[0]["data"]["text/plain"]
+    [count] = [int(n) for n in _COUNT.findall(shown)]
+    assert count + shown.count("#") == 100_000 and len(shown) < 2200
+    [count] = [int(n) for n in _COUNT.findall(body(done.output))]
+    assert count + body(done.output).count("#") == 100_000
+    assert spill_text(tmp_path).count("#" * 100_000) == 1
+    assert_valid(done.outputs)
+
+
+def test_payloads_over_the_inline_limit_live_only_in_their_file(tmp_path: Path) -> None:
+    c = OutputCollector(work_dir=tmp_path, cell=3, limit=2000, spill_path=None, inline_limit=1000)
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(3000)).decode()
+    data = {"text/plain": "<Figure>", "image/png": png, "text/html": "h" * 5000}
+    c.feed(msg("display_data", data=data, metadata={}))
+    c.feed(msg("display_data", data={"text/html": "<i>small</i>"}, metadata={}))
+    done = c.finish()
+    big, small = done.outputs
+    assert set(big["data"]) == {"text/plain"}  # nothing of the payloads held
+    assert big["metadata"]["kernelexec"]["omitted_data"] == {
+        "image/png": len(png),
+        "text/html": 5000,
+    }
+    assert (tmp_path / "outputs" / "cell3-1.png").read_bytes() == base64.b64decode(png)
+    assert (tmp_path / "outputs" / "cell3-1.html").read_text() == "h" * 5000
+    assert small["data"] == {"text/html": "<i>small</i>"}  # under the limit: inline, as before
+    assert "[image/png saved to outputs/cell3-1.png]" in done.output
+    assert "[text/html saved to outputs/cell3-1.html]" in done.output
+    assert_valid(done.outputs)
+
+
+def test_a_block_keeps_a_bounded_sum_of_payloads_inline(tmp_path: Path) -> None:
+    c = OutputCollector(
+        work_dir=tmp_path, cell=1, limit=20_000, spill_path=None, inline_block_limit=2500
+    )
+    for i in range(5):
+        c.feed(msg("display_data", data={"text/html": f"{i}" * 1000}, metadata={}))
+    done = c.finish()
+    inline = [o for o in done.outputs if "text/html" in o["data"]]
+    assert len(inline) == 2  # then the block's budget is spent: the rest only in files
+    assert len(list((tmp_path / "outputs").iterdir())) == 5
+
+
+def test_an_update_is_bounded_too(tmp_path: Path) -> None:
+    c = collector(tmp_path, limit=2000)
+    first = msg(
+        "display_data", data={"text/plain": "0"}, metadata={}, transient={"display_id": "d"}
+    )
+    c.feed(first)
+    update = {"text/plain": "#" * 50_000}
+    c.feed(msg("update_display_data", data=update, metadata={}, transient={"display_id": "d"}))
+    shown = c.finish().outputs[0]["data"]["text/plain"]
+    [count] = [int(n) for n in _COUNT.findall(shown)]
+    assert count + shown.count("#") == 50_000
+
+
+def test_huge_metadata_is_not_kept(tmp_path: Path) -> None:
+    c = OutputCollector(work_dir=tmp_path, cell=1, limit=2000, spill_path=None, inline_limit=100)
+    c.feed(msg("display_data", data={"text/plain": "x"}, metadata={"m": "y" * 1000}))
+    [out] = c.finish().outputs
+    assert out["metadata"] == {"kernelexec": {"omitted_metadata": 1000 + 2 + 1 + 2 + 2}}
+
+
+# -- 31.10: stdout, the outputs and the spill file keep what was written -------------------------
+def test_carriage_returns_are_kept_raw_and_resolved_only_in_output(tmp_path: Path) -> None:
+    c = collector(tmp_path, limit=100)
+    c.feed(msg("stream", name="stdout", text="a\rb\n12%\r50%\r100%\n"))
+    c.feed(msg("stream", name="stdout", text="".join(f"\r{i}%" for i in range(100)) + "\n"))
+    done = c.finish()
+    assert done.stdout.startswith("a\rb\n12%\r50%\r100%\n\r0%\r1%")  # as written
+    assert done.outputs[0]["text"].startswith("a\rb\n12%\r50%\r100%\n\r0%")
+    assert body(done.output) == "b\n100%\n99%\n"  # what a terminal shows
+    assert spill_text(tmp_path).startswith("a\rb\n12%\r50%\r100%\n\r0%\r1%")
+    assert spill_text(tmp_path).endswith("\r99%\n")
+
+
+def test_the_live_view_names_a_payload_kept_only_in_its_file(tmp_path: Path) -> None:
+    seen = io.StringIO()
+    c = OutputCollector(
+        work_dir=tmp_path,
+        cell=1,
+        limit=2000,
+        spill_path=None,
+        on_output=LiveView(seen),
+        inline_limit=100,
+    )
+    c.feed(msg("display_data", data={"text/plain": "<HTML>", "text/html": "h" * 500}, metadata={}))
+    assert seen.getvalue() == "[text/html]\n"  # not "<HTML>": the HTML is in its file
