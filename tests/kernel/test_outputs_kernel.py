@@ -280,10 +280,10 @@ def test_host_memory_for_huge_outputs_is_bounded(
     tmp_path: Path, code: str, peak_bound: int
 ) -> None:
     """Three blocks with a huge output each: at its peak the host holds about the messages in
-    flight, and nothing of them after. Measured peak growth: 154 to 229 MB for the error, by
-    whether the iopub error and the reply are held at once (its text comes four times: value and traceback, in the iopub error and in the reply; 231 MB when each
-    huge string was also decoded, 610 MB before outputs were bounded), 77 MB for the value (116,
-    270). The bounds sit halfway between: timing moves the peak, not past what was before.
+    flight, and nothing of them after. Measured peak growth for the error: 154 to 229 MB, by
+    whether the iopub error and the reply are held at once (its text comes four times: value
+    and traceback, in each); 610 MB before outputs were bounded. For the value: 77 MB (270
+    before). The bounds sit between: timing moves the peak, not back to what it was.
     40 MB: past glibc's largest mmap threshold, freed memory leaves RSS."""
     probe = tmp_path / "probe.py"
     probe.write_text(_MEMORY_PROBE)
