@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -509,6 +510,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._env.pop("PYTEST_CURRENT_TEST", None)
         self._dead: str | None = None
         self._idle_since = 0.0  # loop time the last block ended (or the kernel started)
+        self._sent_at = 0.0  # time.time() just before the running block was sent
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
@@ -563,6 +565,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             return await self._died(_not_run(block, ""), gone, idle=True)
         await self._ensure_workspace()
         code = self._code_for(block)
+        self._sent_at = time.time()  # wall clock, as the engine records a container's end
         collector, run = await self._send(block, code, timeout)
         if _aborted(run):
             # ipykernel answers "aborted" without running anything, for a while after a request
@@ -685,7 +688,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             return _timed_out(result, interrupted, timeout, run.ending is _Ending.STUCK)
         result = _base_result(block, collector.finish(), run)
         if run.ending is _Ending.DIED:
-            return await self._died(result, self.backend.death_reason() or "it exited")
+            reason = self.backend.death_reason() or "it exited"
+            if await self.backend.died_before(self._sent_at):
+                return await self._died(_not_run(block, ""), reason, idle=True)
+            return await self._died(result, reason)
         if _asked_exit(run.reply):
             return await self._exited(result)
         return result if shell_failed is None else _shell_failed(result, shell_failed)

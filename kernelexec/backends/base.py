@@ -159,6 +159,13 @@ class KernelBackend(ABC):
         """Why the kernel died, when the back end can tell (e.g. ``"out of memory"``)."""
         return None
 
+    async def died_before(self, when: float) -> bool:
+        """After a death seen while a block ran: True when the back end knows the kernel had
+        already ended before ``when`` (``time.time()`` just before the block was sent), so the
+        block never ran. A death the cheap check had not seen yet (the engine knew, the relay
+        not) is then told as an idle one. The default cannot tell: False."""
+        return False
+
     @abstractmethod
     async def shutdown(self) -> None:
         """Stop the kernel and release everything ``start`` created. Safe to call twice."""

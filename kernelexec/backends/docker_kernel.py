@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -305,6 +307,16 @@ class DockerKernel(KernelBackend):
 
     def death_reason(self) -> str | None:
         return self._death
+
+    async def died_before(self, when: float) -> bool:
+        # The engine's clock is this host's: its record of when the container ended is a fact
+        # the relay may learn only later (under gVisor the exec stream ends after the engine
+        # has seen the container exit).
+        container = self._docker.container
+        if container is None or not await self._docker.reload(container):
+            return False
+        finished = engine_time(container.attrs.get("State", {}).get("FinishedAt"))
+        return finished is not None and finished < when
 
     async def shutdown(self) -> None:
         """Stop the kernel and remove its container, or keep it as ``auto_remove`` /
@@ -612,3 +624,19 @@ def _write_private(path: Path, info: dict[str, Any], options: DockerOptions) -> 
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(info, f)
     prepare_host_dir(path, options)
+
+
+def engine_time(text: Any) -> float | None:
+    """An engine timestamp (``2026-11-27T10:50:01.123456789Z``) as ``time.time()`` seconds;
+    None for an unset one (``0001-01-01T00:00:00Z``: the container has not ended) or junk."""
+    if not isinstance(text, str):
+        return None
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text)
+    if match is None or match[1].startswith("0001-"):
+        return None
+    fraction = (match[2] or ".0")[:7]  # microseconds: what datetime holds
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    try:
+        return datetime.datetime.fromisoformat(match[1] + fraction + zone).timestamp()
+    except ValueError:
+        return None
