@@ -861,8 +861,13 @@ def test_a_killed_kernels_folder_is_removed_after_its_exit_status_is_written(
 
     def reaper() -> None:
         time.sleep(0.2)
-        (folder / "exit-status").write_text("-9")
+        # The status appears whole (a rename), the event set before it: a removal that waited
+        # for the file cannot see the file without the event (write_text creates the file
+        # first and the event came after it: the check raced the reaper under load).
+        scratch = tmp_path / "exit-status.new"
+        scratch.write_text("-9")
         written.set()
+        os.replace(scratch, folder / "exit-status")
 
     thread = threading.Thread(target=reaper)
     thread.start()
