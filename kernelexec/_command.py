@@ -343,11 +343,21 @@ _EXIT_KILLED = 128 + signal.SIGKILL  # as a shell reports a process killed by SI
 def _error_from_stderr(stderr: str, language: str, exit_code: int) -> ErrorInfo:
     """Best effort: a Python traceback's last line names the exception."""
     lines = stderr.rstrip().splitlines()
-    if language == "python" and lines and lines[0].startswith("Traceback"):
+    if language == "python" and lines and _python_error(lines):
         match = _EXCEPTION_LINE.match(lines[-1])
         if match:
             return ErrorInfo(ename=match[1], evalue=match[2] or "", traceback=lines)
     return ErrorInfo(ename="NonZeroExit", evalue=f"exit status {exit_code}", traceback=lines[-20:])
+
+
+def _python_error(lines: list[str]) -> bool:
+    """A traceback, or the interpreter's report of a file it could not compile (no header)."""
+    if lines[0].startswith("Traceback"):
+        return True
+    return lines[0].startswith('  File "') and lines[-1].startswith(_COMPILE_ERRORS)
+
+
+_COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 
 
 class CommandLineExecutor(SyncExecutor[AsyncCommandLineExecutor], core=AsyncCommandLineExecutor):

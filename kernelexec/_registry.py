@@ -43,6 +43,14 @@ def _command(**options: Any) -> AsyncExecutor:
     return AsyncCommandLineExecutor(**options)
 
 
+def _warm_command(**options: Any) -> AsyncExecutor:
+    from ._command import AsyncCommandLineExecutor
+    from .backends.warm_command import WarmCommand
+
+    extra = {k: options.pop(k) for k in ("warm_up", "python", "containment") if k in options}
+    return AsyncCommandLineExecutor(WarmCommand(**extra), **options)
+
+
 def _kernel(**options: Any) -> AsyncExecutor:
     from ._kernel import AsyncKernelExecutor
 
@@ -136,6 +144,12 @@ _ENTRIES = (
     ExecutorEntry(name="kernel", stateful=True, summary="a local IPython kernel", build=_kernel),
     ExecutorEntry(
         name="command", stateful=False, summary="a local process per block", build=_command
+    ),
+    ExecutorEntry(
+        name="warm-command",
+        stateful=False,
+        summary="a process per block forked from a warm interpreter (numpy, pandas preloaded)",
+        build=_warm_command,
     ),
     ExecutorEntry(
         name="fork-kernel",

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .._errors import BackendUnavailable
 from . import _containment
@@ -184,7 +185,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _settle(future: asyncio.Future[None], timeout: float) -> bool:
+async def _settle(future: asyncio.Future[Any], timeout: float) -> bool:
     """Wait up to ``timeout`` s for ``future``; True if it completed (never cancels it)."""
     if not future.done():
         await asyncio.wait([future], timeout=timeout)

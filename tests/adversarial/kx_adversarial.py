@@ -21,21 +21,23 @@ import pytest
 
 from kernelexec.backends._fork_server import SPARE_NAME
 
-COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL = (
+COMMAND, WARM_COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL = (
     "command",
+    "warm-command",
     "kernel",
     "fork-kernel",
     "docker-command",
     "docker-kernel",
 )
-ALL = (COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL)
+ALL = (COMMAND, WARM_COMMAND, KERNEL, FORK_KERNEL, DOCKER_COMMAND, DOCKER_KERNEL)
 KERNELS = (KERNEL, FORK_KERNEL, DOCKER_KERNEL)
-COMMANDS = (COMMAND, DOCKER_COMMAND)
+COMMANDS = (COMMAND, WARM_COMMAND, DOCKER_COMMAND)
 DOCKER = (DOCKER_COMMAND, DOCKER_KERNEL)
-LOCAL = (COMMAND, KERNEL, FORK_KERNEL)
+LOCAL = (COMMAND, WARM_COMMAND, KERNEL, FORK_KERNEL)
 
 _TIER = {
     COMMAND: pytest.mark.command,
+    WARM_COMMAND: pytest.mark.command,
     KERNEL: pytest.mark.kernel,
     FORK_KERNEL: pytest.mark.kernel,
     DOCKER_COMMAND: pytest.mark.docker,

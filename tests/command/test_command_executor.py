@@ -593,3 +593,13 @@ def test_no_outputs_dir_no_figure_files(tmp_path: Path) -> None:
     with CommandLineExecutor(work_dir=tmp_path, outputs_dir=None) as ex:
         r = ex.execute(FIGURES + "import matplotlib; print(matplotlib.get_backend().lower())")
     assert r.exit_code == 0 and r.output == "end\nagg\n" and r.files == []
+
+
+def test_a_block_that_does_not_compile_names_its_error(ex: CommandLineExecutor) -> None:
+    # the interpreter prints no "Traceback" header for a file it cannot compile
+    for code, ename in (
+        ("def f(:\n  pass", "SyntaxError"),
+        ("if 1:\nprint(1)", "IndentationError"),
+    ):
+        r = ex.execute(code)
+        assert r.exit_code == 1 and r.error is not None and r.error.ename == ename, r.output

@@ -19,7 +19,14 @@ from kernelexec import (
 )
 from kernelexec._executor import SyncExecutor
 
-KINDS = ["command", "kernel", "fork-kernel", "sandboxed-command", "sandboxed-kernel"]
+KINDS = [
+    "command",
+    "warm-command",
+    "kernel",
+    "fork-kernel",
+    "sandboxed-command",
+    "sandboxed-kernel",
+]
 
 
 def make(kind: str, work_dir: Path, **options: Any) -> SyncExecutor[Any]:

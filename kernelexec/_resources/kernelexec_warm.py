@@ -1,0 +1,239 @@
+"""The warm spawner: imports a warm-up list once, then forks a fresh process per Python block.
+
+Run as a script by the block's interpreter (``python -u kernelexec_warm.py FD [module ...]``); it
+imports nothing of kernelexec, which that interpreter may not have. It must stay free of threads
+it started itself so a fork is safe.
+
+Protocol. Requests arrive on the Unix socket ``FD``: one JSON document per message
+(``{"code", "cwd", "env", "procs"}``) carrying the block's stdout and stderr pipes as
+``SCM_RIGHTS``. Answers leave on stdout, one JSON line each: ``{"ready": pid}`` once warm,
+``{"pid": n}`` per request (or ``{"error": text}``), and ``{"exit": n, "code": c}`` when a block's
+process ends (``c`` as ``subprocess`` gives it: negative for a signal). End of the socket ends
+the spawner; the blocks' processes belong to their own cgroup or session, which the host kills.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+import types
+from typing import Any
+
+
+def _warm_up(modules: list[str]) -> list[str]:
+    """Import each module that is installed; return the names that failed (told to the host)."""
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional module that is broken is as good as absent
+            failed.append(name)
+    return failed
+
+
+def _answer(out: int, **document: Any) -> None:
+    data = (json.dumps(document) + "\n").encode()
+    while data:
+        data = data[os.write(out, data) :]
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _reap(out: int) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _answer(out, exit=pid, code=_exit_code(status))
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """One request: a 4-byte length carrying the pipes, then the JSON document."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, 4, 4)
+    if len(head) < 4:
+        for fd in fds:
+            os.close(fd)
+        return None
+    size = struct.unpack("!I", head)[0]
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data), fds
+
+
+def _join_cgroup(procs: str | None) -> None:
+    """Into the block's cgroup before anything of the block runs (as the command executor's
+    child does before ``exec``): nothing the block starts exists outside it."""
+    if procs:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
+def _own_streams(stdout: int, stderr: int) -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
+    for fd in {null, stdout, stderr} - {0, 1, 2}:
+        os.close(fd)
+
+
+def _own_environment(request: dict[str, Any]) -> None:
+    """The block's folder, environment, argv and path, as ``python FILE`` would set them.
+
+    Variables the interpreter reads only while it starts (``PYTHONHASHSEED``, ``PYTHONPATH``'s
+    effect on ``sys.path``) were read by the spawner: ``PYTHONPATH``'s folders are added here;
+    the hash seed stays the spawner's."""
+    os.chdir(request["cwd"])
+    env: dict[str, str] = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    code = request["code"]
+    sys.argv = [code]
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = [os.path.dirname(os.path.abspath(code)), *extra]
+
+
+def _reseed() -> None:
+    """numpy's legacy global generator was seeded once, when the spawner imported it: every
+    block would draw the same numbers. (``random`` reseeds itself in a forked child.)"""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        with contextlib.suppress(Exception):
+            numpy_random.seed()
+
+
+def _own_figures(env: dict[str, str]) -> None:
+    """The matplotlib backend the block's environment names (the spawner chose Agg)."""
+    backend = env.get("MPLBACKEND")
+    matplotlib = sys.modules.get("matplotlib")
+    if backend and matplotlib is not None:
+        with contextlib.suppress(Exception):
+            matplotlib.use(backend, force=True)
+
+
+def _run_main(path: str) -> int:
+    """Run the file as ``__main__``; the exit status ``python FILE`` would give."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=__builtins__, __cached__=None)
+    sys.modules["__main__"] = main
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec"), main.__dict__)
+    except SystemExit as exc:
+        return _system_exit(exc)
+    except BaseException as exc:
+        # from the block's first frame on, as the interpreter prints it (not this function's)
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        traceback.print_exception(type(exc), exc, tb)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
+
+
+def _system_exit(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _block(request: dict[str, Any], fds: list[int], keep: tuple[int, ...]) -> None:
+    """In the forked child: become the block's process, run it, and never return."""
+    code = 1
+    try:
+        os.setsid()
+        _join_cgroup(request.get("procs"))
+        signal.set_wakeup_fd(-1)  # before its pipe is closed: its number may be reused
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for fd in keep:
+            os.close(fd)
+        _own_streams(*fds)
+        _own_environment(request)
+        _reseed()
+        _own_figures(request["env"])
+        code = _run_main(request["code"])
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
+
+
+def _spawn(sock: socket.socket, out: int, wake: tuple[int, int]) -> bool:
+    received = _receive(sock)
+    if received is None:
+        return False
+    request, fds = received
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        _answer(out, error="a request carries the block's stdout and stderr")
+        return True
+    pid = os.fork()
+    if pid == 0:
+        _block(request, fds, (sock.fileno(), out, *wake))
+    for fd in fds:
+        os.close(fd)
+    _answer(out, pid=pid)
+    return True
+
+
+def serve(sock_fd: int, modules: list[str]) -> int:
+    # The answers go through a copy of stdout: nothing a warm-up import prints can reach them.
+    out = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    sock = socket.socket(fileno=sock_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    failed = _warm_up(modules)
+    _answer(out, ready=os.getpid(), failed=failed)
+    while True:
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            _reap(out)
+        if sock.fileno() in readable and not _spawn(sock, out, (wake_r, wake_w)):
+            return 0
+
+
+if __name__ == "__main__":
+    # ``python FILE`` put this file's folder first on sys.path: a block must not import from it.
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2:]))

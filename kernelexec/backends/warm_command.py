@@ -1,0 +1,324 @@
+"""Stateless back end at stateful speed: each Python block is a fresh process forked from a warm
+interpreter that has already imported a warm-up list (numpy, pandas, matplotlib where installed).
+
+Nothing a block does survives it: its process is new (forked from a spawner that never runs a
+block itself), in a cgroup (or session) of its own that is emptied when it ends, with the work dir
+as the command executor has it. What blocks share is what the spawner made before the first block:
+the warm-up modules' import-time state (copy-on-write) and the interpreter's string hash seed.
+numpy's global generator is reseeded in each block. Shell blocks run as ``LocalCommand`` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._errors import BackendUnavailable
+from . import _containment
+from .base import ByteSink, CommandOutcome
+from .local_command import _DRAIN_GRACE, LocalCommand, _resolve, _settle, _signal_group
+
+_SPAWNER = Path(__file__).resolve().parent.parent / "_resources" / "kernelexec_warm.py"
+#: what the spawner imports before the first block, where installed
+DEFAULT_WARM_UP = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
+# The spawner's own environment: unbuffered text as a block's (PYTHONUNBUFFERED is read only as
+# an interpreter starts), figures off-screen while it imports pyplot.
+_SPAWNER_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg"}
+_READY_TIMEOUT = 120.0  # a cold import of pandas and matplotlib on a loaded machine
+
+
+class WarmCommand(LocalCommand):
+    """Python blocks fork from a warm spawner; shell (and PowerShell) blocks start as usual."""
+
+    kind = "warm-command"
+
+    def __init__(
+        self,
+        *,
+        python: str | os.PathLike[str] | None = None,
+        shell: str = "bash",
+        kill_grace: float = 0.2,
+        containment: str | None = None,
+        warm_up: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(python=python, shell=shell, kill_grace=kill_grace, containment=containment)
+        self.warm_up = tuple(DEFAULT_WARM_UP if warm_up is None else warm_up)
+        # A forked block is the spawner's child, not ours: the subreaper helper cannot hold it.
+        cgroup = self.containment.startswith("cgroup")
+        self.block_containment = self.containment if cgroup else "process-group"
+        self._spawner: _Spawner | None = None
+        #: warm-up modules the spawner could not import (absent or broken), once started
+        self.not_warmed: tuple[str, ...] = ()
+
+    @property
+    def pid(self) -> int | None:
+        """The spawner's process id (None before start and after close)."""
+        return self._spawner.pid if self._spawner is not None else None
+
+    async def start(self, work_dir: Path) -> None:
+        await self._ensure_spawner()
+
+    async def close(self) -> None:
+        spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            await spawner.close()
+
+    async def _ensure_spawner(self) -> _Spawner:
+        if self._spawner is None or self._spawner.gone:
+            if self._spawner is not None:
+                await self._spawner.close()
+            self._spawner = await _Spawner.start(self.python, self.warm_up)
+            self.not_warmed = self._spawner.failed
+        return self._spawner
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        work_dir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> CommandOutcome:
+        if len(argv) != 2 or argv[0] != self.python:
+            return await super().run(
+                argv,
+                work_dir=work_dir,
+                env=env,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+            )
+        spawner = await self._ensure_spawner()
+        jail = _containment.make_jail(self.block_containment)
+        streams: _Streams | None = None
+        try:
+            procs = jail.procs_file
+            request = {
+                "code": str(work_dir / argv[1]),
+                "cwd": str(work_dir),
+                "env": dict(env),
+                "procs": str(procs) if procs is not None else None,
+            }
+            streams = _Streams(asyncio.get_running_loop(), on_stdout, on_stderr)
+            try:
+                pid = await spawner.spawn(request, await streams.open())
+            finally:
+                streams.drop_write_ends()  # the block holds its own copies
+            jail.started(pid)
+            exited = spawner.exit_of(pid)
+            timed_out = not await _settle(exited, timeout)
+            if timed_out:
+                await self._kill(pid, exited)
+            await _settle(streams.closed, _DRAIN_GRACE)
+        finally:
+            jail.close()  # every process of the block that outlived it dies with it
+            if streams is not None:
+                await _settle(streams.closed, _DRAIN_GRACE)
+                streams.close()
+        streams.raise_sink_error()
+        if timed_out:
+            return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
+        return CommandOutcome(exit_code=exited.result())
+
+    async def _kill(self, pid: int, exited: asyncio.Future[int]) -> None:
+        _signal_group(pid, signal.SIGTERM)
+        await _settle(exited, self.kill_grace)
+        _signal_group(pid, signal.SIGKILL)
+        await _settle(exited, 5)
+
+
+class _Spawner:
+    """The warm interpreter: requests go over a Unix socket (with the block's pipes), answers
+    come back as JSON lines on its stdout."""
+
+    def __init__(self, process: asyncio.subprocess.Process, sock: socket.socket) -> None:
+        self._process = process
+        self._sock = sock
+        self._pids: asyncio.Queue[int | BaseException] = asyncio.Queue()
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.failed: tuple[str, ...] = ()
+        self.gone = False
+        self.pid = process.pid
+
+    @classmethod
+    async def start(cls, python: str, modules: Sequence[str]) -> _Spawner:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                python,
+                "-u",
+                str(_SPAWNER),
+                str(theirs.fileno()),
+                *modules,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, **_SPAWNER_ENV},
+                cwd="/",
+                start_new_session=True,  # a Ctrl-C at the terminal is for the host, not it
+            )
+        except OSError as exc:
+            ours.close()
+            raise BackendUnavailable(f"cannot run {python}: {exc.strerror or exc}") from exc
+        finally:
+            theirs.close()
+        spawner = cls(process, ours)
+        await spawner._ready()
+        return spawner
+
+    async def _ready(self) -> None:
+        assert self._process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._process.stdout.readline(), _READY_TIMEOUT)
+        except asyncio.TimeoutError:
+            line = b""
+        if not line:
+            await self.close()
+            raise BackendUnavailable("the warm spawner did not start")
+        self.failed = tuple(json.loads(line).get("failed", ()))
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self._process.stdout is not None
+        while line := await self._process.stdout.readline():
+            answer: dict[str, Any] = json.loads(line)
+            if "pid" in answer:
+                self._exits[answer["pid"]] = asyncio.get_running_loop().create_future()
+                self._pids.put_nowait(answer["pid"])
+            elif "exit" in answer:
+                future = self._exits.pop(answer["exit"], None)
+                if future is not None and not future.done():
+                    future.set_result(answer["code"])
+            else:
+                self._pids.put_nowait(BackendUnavailable(f"warm spawner: {answer.get('error')}"))
+        self._end(BackendUnavailable("the warm spawner ended"))
+
+    def _end(self, error: BaseException) -> None:
+        self.gone = True
+        self._pids.put_nowait(error)
+        for future in self._exits.values():
+            if not future.done():
+                future.set_exception(error)
+        self._exits.clear()
+
+    async def spawn(self, request: dict[str, Any], fds: tuple[int, int]) -> int:
+        """Fork the block's process with ``fds`` as its stdout and stderr; its pid."""
+        if self.gone:
+            raise BackendUnavailable("the warm spawner ended")
+        data = json.dumps(request).encode()
+        try:  # the pipes ride on the length; the document follows on the stream
+            socket.send_fds(self._sock, [struct.pack("!I", len(data))], list(fds))
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise BackendUnavailable(f"the warm spawner is gone: {exc}") from exc
+        answer = await self._pids.get()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def exit_of(self, pid: int) -> asyncio.Future[int]:
+        """The exit status of the block process ``pid`` as ``subprocess`` gives it."""
+        future = self._exits.get(pid)
+        if future is None:  # the spawner ended between its two answers
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(BackendUnavailable("the warm spawner ended"))
+        return future
+
+    async def close(self) -> None:
+        self.gone = True
+        self._sock.close()  # end of requests: the spawner exits
+        if self._process.returncode is None:
+            try:
+                await asyncio.wait_for(self._process.wait(), 2.0)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._process.kill()
+                await self._process.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+
+
+class _Streams:
+    """The block's stdout and stderr pipes, read as they are written."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_stdout: ByteSink, on_stderr: ByteSink
+    ) -> None:
+        self._loop = loop
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self._open = 2
+        self._sink_error: BaseException | None = None
+        self._transports: list[asyncio.BaseTransport] = []
+        self._pending: list[tuple[int, ByteSink]] = []
+        self._write: list[int] = []
+        for sink in (on_stdout, on_stderr):
+            read, write = os.pipe()
+            self._pending.append((read, sink))
+            self._write.append(write)
+
+    async def open(self) -> tuple[int, int]:
+        """Start reading; the write ends, for the block (the caller closes them)."""
+        for read, sink in self._pending:
+            pipe = os.fdopen(read, "rb", buffering=0)
+            transport, _ = await self._loop.connect_read_pipe(
+                functools.partial(_PipeReader, self, sink), pipe
+            )
+            self._transports.append(transport)
+        self._pending = []
+        out, err = self._write
+        return out, err
+
+    def drop_write_ends(self) -> None:
+        write, self._write = self._write, []
+        for fd in write:
+            os.close(fd)
+
+    def feed(self, sink: ByteSink, data: bytes) -> None:
+        if self._sink_error is None:
+            try:
+                sink(data)
+            except Exception as exc:  # re-raised by run(), after the process is dealt with
+                self._sink_error = exc
+
+    def lost(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            _resolve(self.closed)
+
+    def close(self) -> None:
+        for transport in self._transports:
+            transport.close()
+        for read, _ in self._pending:  # never opened: the spawn failed first
+            os.close(read)
+        self.drop_write_ends()
+
+    def raise_sink_error(self) -> None:
+        if self._sink_error is not None:
+            raise self._sink_error
+
+
+class _PipeReader(asyncio.Protocol):
+    def __init__(self, streams: _Streams, sink: ByteSink) -> None:
+        self._streams = streams
+        self._sink = sink
+
+    def data_received(self, data: bytes) -> None:
+        self._streams.feed(self._sink, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._streams.lost()
