@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ._kernel import AsyncKernelExecutor, KernelExecutor
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
+    from ._render import LiveDisplay
     from ._types import CodeBlock, ErrorInfo, ExecutionResult
     from ._version import __version__
     from .backends._docker_options import DockerOptions
@@ -111,6 +112,7 @@ _LAZY: dict[str, str] = {
     "KernelDied": "._errors",
     "KernelExecError": "._errors",
     "KernelExecutor": "._kernel",
+    "LiveDisplay": "._render",
     "KernelPool": ".pool",
     "KernelStartFailed": "._errors",
     "LocalCommand": ".backends.local_command",
@@ -184,6 +186,7 @@ __all__ = [
     "KernelExecutor",
     "KernelPool",
     "KernelStartFailed",
+    "LiveDisplay",
     "LocalCommand",
     "LocalKernel",
     "MarkdownCodeExtractor",

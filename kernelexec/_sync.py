@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._errors import ExecutorClosed, ReentrantCall
+from ._render import PUMP_INTERVAL, pumps
 
 T = TypeVar("T")
 
@@ -64,6 +65,7 @@ class Portal:
             raise ReentrantCall("a synchronous executor cannot be called from its own callbacks")
         future = asyncio.run_coroutine_threadsafe(_as_coroutine(func, args, kwargs), self._loop)
         try:
+            _wait_showing(future)
             return future.result()
         except BaseException:
             # KeyboardInterrupt in the caller (or any error): do not leave the work running.
@@ -178,6 +180,16 @@ class SyncFront(Generic[C]):
         """Run ``func(*args, **kwargs)`` on the core's loop and wait for it."""
         self._portal.check(f"{type(self).__name__} is closed")
         return self._portal.call(func, *args, **kwargs)
+
+
+def _wait_showing(future: concurrent.futures.Future[Any]) -> None:
+    """Wait for ``future``; meanwhile show, from this thread, what live displays made here
+    received from the loop's thread (a notebook cell's outputs must come from the cell)."""
+    live = pumps()
+    while live and not future.done():
+        concurrent.futures.wait([future], timeout=PUMP_INTERVAL)
+        for display in live:
+            display.flush()
 
 
 def _finalize(portal: Portal, close: Callable[[], Awaitable[None]], stop_portal: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._door import read_regular
+from ._render import show
 
 # AutoGen's convention: 0 success, 1 error, 124 timeout.
 EXIT_OK = 0
@@ -180,7 +181,23 @@ class ExecutionResult:
         """The reply text then its images: a multimodal chat message's ``content``."""
         return [{"type": "text", "text": self.to_reply()}, *self.image_parts(detail=detail)]
 
-    # Rich display when a result is shown in a host notebook.
+    # In a host notebook (IPython), a result shows as the cell's own outputs would: each output
+    # natively (a plot as image/png, a DataFrame as its table, errors as tracebacks), then a
+    # status line when the block did not succeed.
+    def _ipython_display_(self) -> None:
+        show(self.outputs, footer=None if self.ok else self._status_line())
+
+    def _status_line(self) -> str:
+        if self.not_run:
+            why = f": {self.error}" if self.error is not None else ""
+            return f"[not run{why}]"
+        if self.timed_out:
+            return f"[timed out after {self.duration_s:.1f} s (exit code {self.exit_code})]"
+        if self.kernel_died:
+            return f"[the kernel died (exit code {self.exit_code})]"
+        return f"[failed (exit code {self.exit_code})]"
+
+    # Rich display for front ends that do not call _ipython_display_.
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": self.to_reply(), "text/html": self._repr_html_()}
 

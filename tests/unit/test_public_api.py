@@ -47,6 +47,7 @@ EXPECTED = {
     "KernelDied",
     "KernelExecError",
     "KernelExecutor",
+    "LiveDisplay",
     "KernelPool",
     "KernelStartFailed",
     "LocalCommand",
