@@ -40,6 +40,7 @@ _INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _POLL = 0.5  # seconds between liveness checks while a block is quiet
 # After the reply, iopub silent this long: ask the kernel for a marker (see ``_BlockRun._pump``).
 _IOPUB_GRACE = 0.5
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its help; the API gives text
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 _ABORT_RETRY_PAUSE = 0.2  # before sending again a block the kernel aborted
 # Idle longer than this, a kernel whose back end has no cheap liveness check is asked (over the
@@ -525,6 +526,48 @@ class AsyncKernelExecutor(AsyncExecutor):
         if self._started:
             await self.backend.interrupt()
 
+    async def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
+        """What the kernel would complete at ``cursor_pos`` (default: the end of ``code``):
+        whole replacements for ``code[start:cursor_pos]``, as Jupyter's completer sends them,
+        with ``start`` in ``completion_start(...)`` terms. Empty where the kernel offers none."""
+        reply = await self._ask("complete", code, cursor_pos)
+        return [str(m) for m in reply.get("matches") or []]
+
+    async def completion_start(self, code: str, cursor_pos: int | None = None) -> int:
+        """Where the text the completions replace begins."""
+        reply = await self._ask("complete", code, cursor_pos)
+        return int(reply.get("cursor_start", len(code) if cursor_pos is None else cursor_pos))
+
+    async def inspect(self, code: str, cursor_pos: int | None = None, detail_level: int = 0) -> str:
+        """The kernel's help for the name at ``cursor_pos`` (``obj?``; ``detail_level=1``:
+        ``obj??``, with the source), as plain text; empty when it knows none."""
+        reply = await self._ask("inspect", code, cursor_pos, detail_level=detail_level)
+        if not reply.get("found"):
+            return ""
+        return _ANSI.sub("", str((reply.get("data") or {}).get("text/plain", "")))
+
+    async def _ask(
+        self, kind: str, code: str, cursor_pos: int | None, **extra: Any
+    ) -> dict[str, Any]:
+        """A shell request of the kernel's own (complete, inspect) and its reply's content.
+        Behind any running block (the shell channel's replies are read by one reader)."""
+        self._check_open()
+        position = len(code) if cursor_pos is None else cursor_pos
+        async with self._lock:
+            self._check_open()
+            await self._ensure_started()
+            send = getattr(self.backend.client, kind, None)
+            if send is None:  # a remote channel without the request: nothing to offer
+                return {}
+            msg_id = send(code, position, **extra)
+            try:
+                reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.timeout)
+            except asyncio.TimeoutError as exc:
+                raise ExecutionTimeout(
+                    f"the kernel did not answer within {self.timeout} s"
+                ) from exc
+        return reply if reply.get("status") == "ok" else {}
+
     async def restart(self) -> None:
         """A new kernel (all state is lost); a block running meanwhile (another task or thread)
         is interrupted first rather than waited for."""
@@ -769,11 +812,23 @@ class _BlockRun:
                 return _Run(ending, None)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reply), _REPLY_GRACE)
-            return _Run(ending, reply.result() if reply.done() else None)
+            if not reply.done():
+                return _Run(ending, None)
+            self._show_pages(reply.result())
+            return _Run(ending, reply.result())
         finally:
             for task in (reply, stdin):
                 if task is not None:
                     await _settle(task)
+
+    def _show_pages(self, reply: Mapping[str, Any]) -> None:
+        """What IPython sends to a pager (``obj?``, ``obj??``, ``%pinfo``, ``%magic?``) rides
+        on the reply, not on IOPub: it becomes a display output of the block, as a notebook
+        shows it, so ``result.output`` holds the help text."""
+        for payload in reply.get("payload") or []:
+            if payload.get("source") == "page" and isinstance(payload.get("data"), dict):
+                content = {"data": payload["data"], "metadata": {}}
+                self._collector.feed({"msg_type": "display_data", "content": content})
 
     async def abandon(self) -> None:
         """After the caller cancelled ``wait``: interrupt the block at once and follow it to its
@@ -1010,3 +1065,15 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     def interrupt(self) -> None:
         """Interrupt the block running (from another thread); the kernel keeps its state."""
         self._call(self._core.interrupt)
+
+    def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
+        """What the kernel would complete at ``cursor_pos`` (default: the end of ``code``)."""
+        return self._call(self._core.complete, code, cursor_pos)
+
+    def completion_start(self, code: str, cursor_pos: int | None = None) -> int:
+        """Where the text the completions replace begins."""
+        return self._call(self._core.completion_start, code, cursor_pos)
+
+    def inspect(self, code: str, cursor_pos: int | None = None, detail_level: int = 0) -> str:
+        """The kernel's help for the name at ``cursor_pos`` (``obj?``; 1: ``obj??``)."""
+        return self._call(self._core.inspect, code, cursor_pos, detail_level)

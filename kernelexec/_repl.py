@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -63,13 +63,14 @@ def run_repl(
     prompt: bool = False,
     separator_only: bool = False,
 ) -> int:
-    """Run the blocks read from ``stdin``; returns the last block's exit code (0 if none).
+    """Run the blocks read from ``stdin``; returns the session's status: 1 if any block
+    failed (not only the last: input piped in is a script), else 0.
 
     Ctrl-C while a block runs interrupts that block: a kernel gets an interrupt (its state is
     kept), a stateless block is stopped with all its processes. Ctrl-C while typing drops the
     block being typed. End of input (Ctrl-D) runs what is left and quits.
     """
-    status = 0
+    failed = False
     if prompt:
         stdout.write(
             "kernelexec repl: a blank line (or ;;) runs the code; "
@@ -92,15 +93,13 @@ def run_repl(
             continue
         code = "\n".join(buffer) + "\n" if any(b.strip() for b in buffer) else None
         buffer = []
-        if code is not None:
-            status = _run_one(executor, code, language, stdout, status)
+        if code is not None and _run_one(executor, code, language, stdout) != 0:
+            failed = True
         if line is None:
-            return status
+            return 1 if failed else 0
 
 
-def _run_one(
-    executor: SyncExecutor[Any], code: str, language: str, stdout: TextIO, status: int
-) -> int:
+def _run_one(executor: SyncExecutor[Any], code: str, language: str, stdout: TextIO) -> int:
     try:
         with _ctrl_c_interrupts(executor):
             result = executor.execute(code, language)
@@ -191,14 +190,15 @@ def is_complete(text: str, language: str) -> bool:
 def run_interactive(executor: SyncExecutor[Any], out: TextIO, *, language: str = "python") -> int:
     """The terminal REPL: line editing, a persistent history, multi-line blocks with a
     continuation prompt, output as it happens and each block's files and status after it."""
-    session = _prompt_session(language)
+    session = _prompt_session(language, _completer(executor, language))
     view = LiveView(out, colour=out.isatty())
     executor.aio.on_output = view
+    if hasattr(executor.aio, "input_callback"):  # a kernel: input() in a block asks here
+        executor.aio.input_callback = _terminal_input(view, out)
     out.write(
         "kernelexec repl: Enter runs a complete block (a blank line ends an indented one); "
         "Ctrl-C interrupts; Ctrl-D quits.\n"
     )
-    status = 0
     while True:
         try:
             code = session.prompt(">>> ")
@@ -206,12 +206,51 @@ def run_interactive(executor: SyncExecutor[Any], out: TextIO, *, language: str =
             out.write("KeyboardInterrupt\n")  # the block being typed is dropped
             continue
         except EOFError:
-            return status
+            return 0  # the session ended as asked, whatever its blocks did
         if code.strip():
-            status = _run_live(executor, code.rstrip("\n") + "\n", language, view, out)
+            _run_live(executor, code.rstrip("\n") + "\n", language, view, out)
 
 
-def _prompt_session(language: str) -> Any:
+def _completer(executor: SyncExecutor[Any], language: str) -> Any:
+    """Tab completes from the kernel (its ``complete_request``: a few ms at an idle prompt);
+    None where the executor has no kernel to ask. Not prompt_toolkit's ThreadedCompleter: its
+    generator never resumed after a call into the executor's loop thread (measured)."""
+    if language != "python" or not hasattr(executor, "completion_start"):
+        return None
+    complete: Callable[[str, int], list[str]] = getattr(executor, "complete")  # noqa: B009
+    start_of: Callable[[str, int], int] = executor.completion_start
+    from prompt_toolkit.completion import Completer, Completion
+
+    class KernelCompleter(Completer):
+        def get_completions(self, document: Any, event: Any) -> Iterator[Any]:
+            text, cursor = document.text, document.cursor_position
+            try:
+                start = start_of(text, cursor)
+                matches = complete(text, cursor)
+            except Exception:  # a gone kernel: no completions, never an error
+                return
+            for match in matches:
+                yield Completion(match, start_position=start - cursor)
+
+    return KernelCompleter()
+
+
+def _terminal_input(view: LiveView, out: TextIO) -> Callable[[str], str]:
+    """``input()`` in a block: the prompt and the answer at this terminal (the REPL waits for
+    the block meanwhile, so the terminal is free)."""
+
+    def ask(prompt: str) -> str:
+        view.finish()
+        out.flush()
+        try:
+            return input(prompt)
+        except EOFError:
+            return ""
+
+    return ask
+
+
+def _prompt_session(language: str, completer: Any = None) -> Any:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
@@ -235,6 +274,8 @@ def _prompt_session(language: str) -> Any:
         multiline=True,
         key_bindings=keys,
         prompt_continuation=lambda width, line, soft: "... ".rjust(width),
+        completer=completer,
+        complete_while_typing=False,  # Tab asks the kernel; typing does not
     )
 
 

@@ -150,6 +150,13 @@ class GatewayChannels:
     def input(self, string: str) -> None:
         self._send("stdin", "input_reply", {"value": string})
 
+    def complete(self, code: str, cursor_pos: int) -> str:
+        return self._send("shell", "complete_request", {"code": code, "cursor_pos": cursor_pos})
+
+    def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> str:
+        content = {"code": code, "cursor_pos": cursor_pos, "detail_level": detail_level}
+        return self._send("shell", "inspect_request", content)
+
     async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
         return await self._get("iopub", timeout)
 

@@ -96,6 +96,14 @@ class BatchingClient:
     def input(self, string: str) -> None:
         self.kc.input(string)
 
+    def complete(self, code: str, cursor_pos: int) -> str:
+        msg_id: str = self.kc.complete(code, cursor_pos)
+        return msg_id
+
+    def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> str:
+        msg_id: str = self.kc.inspect(code, cursor_pos, detail_level)
+        return msg_id
+
 
 async def iopub_batch(client: Any, timeout: float | None) -> list[dict[str, Any]]:
     """The next IOPub messages of any kernel client: a batch when it can give one."""

@@ -50,7 +50,13 @@ def test_repl_keeps_state_from_piped_stdin(tmp_path: Path) -> None:
     assert lines[0] == "42"
     assert "in f" in lines
     assert "[exit code 1]" in lines
-    assert proc.returncode == 1  # the last block failed
+    assert proc.returncode == 1  # a block failed
+
+
+def test_piped_repl_status_is_the_sessions_not_the_last_blocks(tmp_path: Path) -> None:
+    proc = kx("repl", "--work-dir", str(tmp_path), stdin="1/0\n\nprint('after')\n")
+    assert "after" in proc.stdout.splitlines()
+    assert proc.returncode == 1  # the failure earlier in the session is not forgotten
 
 
 def test_split_blocks() -> None:

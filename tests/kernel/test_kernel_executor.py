@@ -412,3 +412,24 @@ def test_kernel_pid_is_that_of_a_child_of_ours(ex: KernelExecutor) -> None:
     pid = ex.backend.pid  # type: ignore[attr-defined]
     assert isinstance(pid, int) and pid != os.getpid()
     assert ex.execute("import os; os.getpid()").output == str(pid)
+
+
+def test_complete_and_inspect_ask_the_kernel(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        ex.execute("import os\nkx_value_alpha = 1\nkx_value_beta = 2")
+        ex.execute("def kx_sourced():\n    return 'source-marker'")
+        assert ex.complete("kx_value_") == ["kx_value_alpha", "kx_value_beta"]
+        assert "path" in ex.complete("os.pa") and ex.completion_start("os.pa") == 3
+        assert ex.complete("zzz_nothing_") == []
+        help_text = ex.inspect("len")
+        assert "Return the number of items" in help_text and "\x1b[" not in help_text
+        assert "source-marker" in ex.inspect("kx_sourced", detail_level=1)
+        assert "source-marker" not in ex.inspect("kx_sourced")
+        assert ex.inspect("kx_no_such_name") == ""
+
+
+def test_question_mark_help_is_in_the_result(tmp_path: Path) -> None:
+    with KernelExecutor(work_dir=tmp_path, timeout=30) as ex:
+        r = ex.execute("len?")
+        assert r.ok and "Return the number of items" in r.output
+        assert [o["output_type"] for o in r.outputs] == ["display_data"]

@@ -178,3 +178,52 @@ def test_history_persists_across_sessions(tmp_path: Path) -> None:
     second.expect_exact("from the first session 42")
     second.expect_exact(PROMPT)
     quit_repl(second)
+
+
+@pytest.mark.parametrize("repl", ["kernel"], indirect=True)
+def test_tab_completes_from_the_kernel(repl: pexpect.spawn) -> None:
+    run(repl, "kx_unique_alpha = 41")
+    repl.expect_exact(PROMPT)
+    repl.send("kx_uniq\t")  # one match: the kernel's completion is inserted
+    repl.expect_exact("kx_unique_alpha")
+    repl.send(" + 1\r")
+    repl.expect_exact("42")
+    repl.expect_exact(PROMPT)
+    repl.sendeof()
+    repl.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("repl", ["kernel"], indirect=True)
+def test_question_mark_shows_the_kernels_help(repl: pexpect.spawn) -> None:
+    run(repl, "def kx_helped(a, b):\r    'Adds two numbers for the test.'\r    return a + b\r")
+    repl.expect_exact(PROMPT)
+    run(repl, "kx_helped?")
+    repl.expect_exact("Adds two numbers for the test.")
+    repl.expect_exact(PROMPT)
+    run(repl, "kx_helped??")
+    repl.expect_exact("return a + b")
+    repl.expect_exact(PROMPT)
+    repl.sendeof()
+    repl.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("repl", ["kernel"], indirect=True)
+def test_input_in_a_block_asks_at_the_terminal(repl: pexpect.spawn) -> None:
+    run(repl, "name = input('your name? '); print('hello', name.upper())")
+    repl.expect_exact("your name? ")
+    repl.send("ada\r")
+    repl.expect_exact("hello ADA")
+    repl.expect_exact(PROMPT)
+    repl.sendeof()
+    repl.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("repl", ["kernel", "command"], indirect=True)
+def test_the_session_status_is_not_the_last_blocks(repl: pexpect.spawn) -> None:
+    run(repl, "1/0")
+    repl.expect_exact("ZeroDivisionError")
+    repl.expect_exact(PROMPT)
+    repl.sendeof()
+    repl.expect(pexpect.EOF)
+    repl.close()
+    assert repl.exitstatus == 0
