@@ -1,38 +1,29 @@
-"""Every Python snippet in the README runs as written, through kernelexec itself.
+"""Every Python snippet in the README and the docs runs as written, through kernelexec itself.
 
-A snippet preceded by ``<!-- readme-test: needs docker -->`` runs where a Docker engine answers
-(and must, under ``KERNELEXEC_REQUIRE_DOCKER=1``), ``needs gvisor`` where that engine also has the
-``runsc`` runtime (and must, under ``KERNELEXEC_REQUIRE_GVISOR=1``);
-``<!-- readme-test: skip (why) -->`` marks an
-illustration that cannot run anywhere (an example address). A ``print(...)  # 6`` comment is the
-output the snippet promises: its first word must appear in what the snippet printed.
+What a snippet needs is said on the line before its fence (see ``kx_snippets``): those needing
+Docker, gVisor or bubblewrap run here (and must, under ``KERNELEXEC_REQUIRE_*=1``); those needing
+a gateway run in the gateway tier (``tests/gateway/test_doc_snippets.py``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
+from kx_sandbox import sandbox_unavailable
+from kx_snippets import NEEDS, check_promises, snippets
 
 from kernelexec import CommandLineExecutor
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-_FENCE = re.compile(
-    r"(?:<!-- readme-test: (?P<note>[^>]*?) -->\n)?```python\n(?P<code>.*?)\n```", re.S
-)
-_PROMISE = re.compile(r"^\s*print\(.*\)\s+#\s+(?P<first>\S+)", re.M)
-
 
 def _snippets() -> list[pytest.ParameterSet]:
-    text = README.read_text(encoding="utf-8")
     out = []
-    for match in _FENCE.finditer(text):
-        line = text[: match.start("code")].count("\n") + 1
-        note = match["note"] or ""
-        marks = [pytest.mark.skip(reason=note)] if note.startswith("skip") else []
-        out.append(pytest.param(match["code"], note, id=f"README-line-{line}", marks=marks))
+    for snippet in snippets():
+        if snippet.note == "needs gateway":
+            continue  # the gateway tier runs it
+        marks = [pytest.mark.skip(reason=snippet.note)] if snippet.note.startswith("skip") else []
+        out.append(pytest.param(snippet.code, snippet.note, id=snippet.id, marks=marks))
     return out
 
 
@@ -61,8 +52,13 @@ def _gvisor_answers() -> bool:
         client.close()
 
 
-def test_the_readme_has_python_snippets() -> None:
-    assert len(_snippets()) >= 5
+def test_the_readme_and_docs_have_python_snippets() -> None:
+    assert len(_snippets()) >= 15
+
+
+def test_every_snippet_says_what_it_needs_in_words_this_suite_knows() -> None:
+    unknown = [s.id for s in snippets() if s.note not in NEEDS and not s.note.startswith("skip")]
+    assert not unknown, f"snippets with a note no tier runs: {unknown}"
 
 
 @pytest.mark.slow
@@ -76,11 +72,9 @@ def test_readme_snippet_runs(code: str, note: str, tmp_path: Path) -> None:
         if os.environ.get("KERNELEXEC_REQUIRE_GVISOR") == "1":
             pytest.fail("this README snippet needs gVisor (runsc) and the engine has none")
         pytest.skip("needs the runsc runtime (gVisor) registered with a Docker engine")
+    if note == "needs sandbox" and (reason := sandbox_unavailable()):
+        pytest.skip(reason)
     with CommandLineExecutor(work_dir=tmp_path, timeout=300) as ex:
         result = ex.execute(code)
     assert result.exit_code == 0, result.output
-    for promise in _PROMISE.finditer(code):
-        expected = promise["first"]
-        if expected[0].isdigit():  # a value, not a remark; `np.int64(6)` is not `6`
-            shown = rf"(?<![\w.(]){re.escape(expected)}(?![\w)])"
-            assert re.search(shown, result.stdout), (expected, result.stdout)
+    check_promises(code, result.stdout)
