@@ -264,7 +264,7 @@ def _check_stateful(executor: AsyncExecutor) -> None:
     # Cells build on each other; run one per fresh process and every later cell breaks.
     if executor.kind != "kernel":
         raise ValueError(
-            f"a notebook needs a stateful (kernel) executor, not {type(executor).__name__}"
+            f"a notebook needs a stateful (kernel) executor, not {executor_label(executor)!r}"
         )
 
 
