@@ -196,7 +196,9 @@ def _status(result: ExecutionResult) -> tuple[str, str | None]:
     if result.timed_out:
         return "timed_out", str(result.error) if result.error is not None else "timed out"
     if not result.ok:
-        return "failed", f"exit code {result.exit_code}" + (f": {evalue}" if evalue else "")
+        error = result.error
+        what = f"{error.ename}: {error.evalue}" if error is not None else "failed"
+        return "failed", f"{what} (exit code {result.exit_code})"
     return "ok", None
 
 
