@@ -178,10 +178,13 @@ def block_entries(
         else:
             last = results[-1] if results else None
             why = "timed out" if last is not None and last.timed_out else "failed"
+            # the same keys as a block that ran (a reader need not tell them apart first)
             entry = {
                 "index": number,
-                "language": block.language,
+                **ExecutionResult(exit_code=0, language=block.language).to_dict(),
+                "exit_code": None,  # it never ran: no status of its own
                 "code": block.code,
+                "not_run": True,
                 "status": "not_run",
                 "reason": f"block {len(results)} {why}" if results else "not started",
             }
@@ -447,15 +450,20 @@ def _add_repl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_notebook_run(args: argparse.Namespace) -> int:
-    from ._notebook import parse_parameter, run_notebook
+    from ._notebook import run_notebook
     from ._session import META_KEY
 
     output = args.output or args.notebook  # like nbconvert --inplace when no -o is given
     _check_notebook_executor(args.executor)
-    parameters = {name: parse_parameter(value) for name, value in args.parameter or []}
+    if args.kernel is not None and args.executor not in (None, "kernel"):
+        raise UsageError("-k/--kernel names a local kernelspec: drop --executor, or -k")
+    parameters = _notebook_parameters(args)
+    if args.help_notebook:
+        return _help_notebook(args.notebook)
     try:
         with warnings.catch_warnings():
-            # e.g. -p on a notebook without a 'parameters' cell: one line, when it happens
+            # e.g. -p on a notebook without a 'parameters' cell, or a name it does not
+            # declare: one line each, when it happens
             warnings.simplefilter("always", UserWarning)
             warnings.showwarning = _warning_line
             nb = _run_notebook_cli(run_notebook, args, output, parameters)
@@ -470,6 +478,68 @@ def cmd_notebook_run(args: argparse.Namespace) -> int:
     print(f"kernelexec: {status['status']} in {where}: {status['error']}", file=sys.stderr)
     print(f"Partial notebook written to {output}", file=sys.stderr)
     return min(int(status["exit_code"]), 255)
+
+
+def _notebook_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """papermill's order: ``-f`` files, then ``-y`` strings, then ``-p``, then ``-r`` (raw
+    strings); a later value for a name wins."""
+    from ._notebook import parse_parameter
+
+    parameters: dict[str, Any] = {}
+    for path in args.parameters_file:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"-f {path}: cannot read it ({exc.strerror or exc})") from None
+        parameters.update(_yaml_mapping(text, f"-f {path}"))
+    for text in args.parameters_yaml:
+        parameters.update(_yaml_mapping(text, "-y"))
+    parameters.update((name, parse_parameter(value)) for name, value in args.parameter)
+    parameters.update((name, value) for name, value in args.parameter_raw)
+    return parameters
+
+
+def _yaml_mapping(text: str, flag: str) -> dict[str, Any]:
+    """``-f`` / ``-y``: a YAML mapping of names to values (PyYAML when installed; JSON, which
+    is YAML too, without it)."""
+    try:
+        import yaml
+    except ImportError:
+        yaml = None
+    try:
+        value = yaml.safe_load(text) if yaml is not None else json.loads(text or "null")
+    except ValueError as exc:  # json.JSONDecodeError; yaml.YAMLError is checked below
+        hint = "" if yaml is not None else " (only JSON without PyYAML: pip install pyyaml)"
+        raise UsageError(f"{flag}: not a YAML mapping{hint}: {exc}") from None
+    except Exception as exc:
+        if yaml is not None and isinstance(exc, yaml.YAMLError):
+            raise UsageError(f"{flag}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a mapping of parameter names to values")
+    return {str(name): item for name, item in value.items()}
+
+
+def _help_notebook(path: str) -> int:
+    """``--help-notebook``: the parameters the notebook declares, as papermill lists them."""
+    from ._notebook import declared_parameters
+    from ._session import read_notebook
+
+    declared = declared_parameters(read_notebook(path))
+    print(f"Parameters inferred for notebook '{path}':")
+    if declared is None:
+        print("\n  No cell tagged 'parameters'")
+        return 1
+    if not declared:
+        print("\n  The 'parameters' cell assigns no names.")
+    for parameter in declared:
+        line = f"  {parameter.name}: {parameter.type} (default {parameter.default})"
+        print(f"{line:<34}{parameter.help}".rstrip() if len(line) <= 30 else line)
+        if len(line) > 30 and parameter.help:
+            print(f"{'':34}{parameter.help}")
+    return 0
 
 
 def _check_notebook_executor(name: str | None) -> None:
@@ -498,10 +568,26 @@ def _run_notebook_cli(
         timeout=args.timeout,
         allow_errors=args.allow_errors,
         parameters=parameters,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.log_output),  # papermill: one or the other
         work_dir=args.work_dir,
         output_files=not args.no_output_files,
+        kernel_name=args.kernel,
+        on_output=_log_output() if args.log_output else None,
     )
+
+
+def _log_output() -> Any:
+    """``--log-output``: each cell's output as it happens, stdout text to stdout and stderr
+    text to stderr (papermill logs both); rich outputs as one line."""
+    from ._view import LiveView
+
+    out, err = LiveView(sys.stdout), LiveView(sys.stderr)
+
+    def show(output: dict[str, Any]) -> None:
+        is_err = output.get("output_type") == "stream" and output.get("name") == "stderr"
+        (err if is_err else out)(output)
+
+    return show
 
 
 def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -532,7 +618,49 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         nargs=2,
         action="append",
         metavar=("NAME", "VALUE"),
+        default=[],
         help="inject NAME = VALUE after the 'parameters' cell (a Python literal, else a string)",
+    )
+    run.add_argument(
+        "-r",
+        "--parameter-raw",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="inject NAME = VALUE as a string, as written (e.g. -r code 007)",
+    )
+    run.add_argument(
+        "-f",
+        "--parameters-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a YAML file of parameters (repeatable; -y, -p and -r override it)",
+    )
+    run.add_argument(
+        "-y",
+        "--parameters-yaml",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="parameters as a YAML string, e.g. -y '{region: north, n: 3}'",
+    )
+    run.add_argument(
+        "--help-notebook",
+        action="store_true",
+        help="list the parameters the notebook declares (and their defaults), then exit",
+    )
+    run.add_argument(
+        "-k",
+        "--kernel",
+        metavar="NAME",
+        help="run this kernelspec instead of the notebook's (a local kernel)",
+    )
+    run.add_argument(
+        "--log-output",
+        action="store_true",
+        help="show each cell's output as it happens (stdout, and stderr on stderr)",
     )
     run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     run.set_defaults(func=cmd_notebook_run)

@@ -96,13 +96,10 @@ def test_json_says_why_a_refused_block_and_a_timed_out_one_did_not_finish(tmp: P
     assert proc.returncode == 124
     first, second = json.loads(proc.stdout)["blocks"]
     assert first["status"] == "timed_out" and "1 s" in first["reason"]
-    assert second == {
-        "index": 2,
-        "language": "python",
-        "code": "print(2)",
-        "status": "not_run",
-        "reason": "block 1 timed out",
-    }
+    expected = {"index": 2, "language": "python", "code": "print(2)", "exit_code": None}
+    expected |= {"status": "not_run", "reason": "block 1 timed out", "not_run": True}
+    assert second.items() >= expected.items()
+    assert second.keys() == first.keys()  # the same shape as a block that ran
 
 
 @pytest.mark.parametrize(
