@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             _run_blocks(args, blocks, work.path, out, results)
         finally:
             work.made_files = any(r.files or r.full_output_file for r in results)
-    if args.notebook:
+    if args.notebook and Path(args.notebook).is_file():  # written once a block was recorded
         _say(f"transcript saved to {Path(args.notebook).absolute()}")
     if out.closed:
         raise _OutputClosed(len(results), len(blocks))
