@@ -173,7 +173,7 @@ def block_entries(
     for number, block in enumerate(blocks, 1):
         if number <= len(results):
             result = results[number - 1]
-            entry = {"index": number, **result.to_dict()}
+            entry = {"index": number, **result.to_dict(), "code": block.code}
             entry["status"], entry["reason"] = _status(result)
         else:
             last = results[-1] if results else None

@@ -91,7 +91,7 @@ def test_json_has_a_result_per_block(tmp_path: Path) -> None:
     blocks = document["blocks"]
     assert [b["exit_code"] for b in blocks] == [0, 0, 1, None]  # every block, the 4th not run
     assert [b["status"] for b in blocks] == ["ok", "ok", "failed", "not_run"]
-    assert [b["language"] for b in blocks] == ["python"] * 4
+    assert [b["language"] for b in blocks] == ["python"] * 3 + ["shell"]
     assert blocks[0]["output"] == "one\n"
     assert blocks[1]["files"] == [str(tmp_path / "note.txt")]
     assert blocks[2]["error"]["ename"] == "ZeroDivisionError"
