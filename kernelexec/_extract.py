@@ -10,14 +10,18 @@ off mid-block still yields its code). Raw HTML is read as text, so a fence right
 The info string's first word is the language. Aliases map to three canonical names: ``python``,
 ``shell`` and ``powershell`` (``canonical=False`` keeps the tag as written, for frameworks that
 dispatch on it). Display-only languages (``text``, ``json``, ``output``...) are not code to run and
-are dropped. An untagged block is Python when it compiles as Python; otherwise its language is
-left empty and the executor reports it as not run.
+are dropped. An untagged block is shell when it reads as command lines (``looks_like_shell``:
+``ls -la | head -2`` is valid Python too, but no one means it as Python), else Python when it
+compiles as Python; otherwise its language is left empty and the executor reports it as not run.
+Every executor gets its blocks from here, so an untagged block runs the same way on a kernel
+(no IPython automagic guessing) and on a command executor.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -77,6 +81,58 @@ def looks_like_python(code: str) -> bool:
         # MemoryError / RecursionError: CPython's parser gives up on very deep nesting
         return False
     return True
+
+
+# Commands an agent writes untagged; a line must start with one of them to read as shell.
+_COMMANDS = frozenset(
+    {
+        "apt", "apt-get", "awk", "bash", "cat", "cd", "chmod", "conda", "cp", "curl", "cut",
+        "date", "df", "diff", "du", "echo", "env", "export", "file", "find", "free", "git",
+        "grep", "gunzip", "gzip", "head", "hostname", "id", "jq", "kill", "less", "ln", "ls",
+        "make", "mkdir", "mv", "nproc", "npm", "pip", "pip3", "printf", "ps", "pwd", "python",
+        "python3", "rm", "rmdir", "sed", "sh", "sleep", "sort", "stat", "tail", "tar", "tee",
+        "touch", "tr", "uname", "uniq", "unzip", "uv", "wc", "wget", "which", "whoami", "xargs",
+        "zip",
+    }
+)  # fmt: skip
+_SHEBANG = re.compile(r"#!\s*\S*/(?:env\s+)?(?:ba|da|z|k)?sh\b")
+# in valid Python, what only a command line has: a flag (-la, -2), a path argument (/tmp),
+# a pipe or a redirect
+_COMMAND_MARK = re.compile(r"\s-{1,2}[A-Za-z0-9]|\s\.{0,2}/\w|\||>")
+# the nodes of ``ls -la | head -2`` read as Python: names, numbers and operators, no more
+_OPERATOR_NODES = (
+    ast.Module, ast.Expr, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Constant,
+    ast.operator, ast.unaryop, ast.cmpop, ast.expr_context,
+)  # fmt: skip
+
+
+def looks_like_shell(code: str) -> bool:
+    """Whether an untagged block is shell: a ``#!`` line naming a shell, or every line
+    (comments and blank lines aside) a command line: a common command with arguments that is
+    not Python, or is Python only by accident (``ls -la | head -2``: names and operators, with
+    a flag or a pipe). A bare word (``df``) alone stays Python: it is as often a variable."""
+    lines = [line.strip() for line in code.replace("\\\n", " ").splitlines()]
+    significant = [line for line in lines if line and not line.startswith("#")]
+    first = next((line for line in lines if line), "")
+    if _SHEBANG.match(first):
+        return True
+    with_arguments = [line for line in significant if line not in _COMMANDS]
+    # bare words (``ls``, ``pwd``) count among command lines, never alone
+    return bool(with_arguments) and all(_command_line(line) for line in with_arguments)
+
+
+def _command_line(line: str) -> bool:
+    word, _, rest = line.partition(" ")
+    if word not in _COMMANDS or not rest.strip():
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(line)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return True  # not Python: a command with its arguments
+    only_operators = all(isinstance(node, _OPERATOR_NODES) for node in ast.walk(tree))
+    return only_operators and _COMMAND_MARK.search(line) is not None
 
 
 @functools.cache
@@ -140,11 +196,18 @@ def extract_code_blocks(
         if not code.strip():
             continue
         if not language:
-            language = "python" if looks_like_python(code) else ""
+            language = _untagged_language(code)
         elif not canonical:
             language = _tag_word(info)
         blocks.append(CodeBlock(code=code, language=language))
     return blocks
+
+
+def _untagged_language(code: str) -> str:
+    """The one detector for untagged blocks, whichever executor runs them."""
+    if looks_like_shell(code):
+        return "shell"
+    return "python" if looks_like_python(code) else ""
 
 
 class MarkdownCodeExtractor:

@@ -8,12 +8,15 @@ kernel from the notebook's kernelspec) and writes each cell's outputs back as it
 from __future__ import annotations
 
 import ast
+import io
 import keyword
 import os
 import sys
 import time
+import tokenize
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,13 @@ from nbformat import NotebookNode
 
 from ._door import Door
 from ._errors import NotebookError
-from ._executor import AsyncExecutor, SyncExecutor, check_timeout, executor_label
+from ._executor import (
+    AsyncExecutor,
+    OutputCallback,
+    SyncExecutor,
+    check_timeout,
+    executor_label,
+)
 from ._kernel import AsyncKernelExecutor, KernelExecutor
 from ._registry import make_executor
 from ._session import (
@@ -67,6 +76,91 @@ def parameters_source(parameters: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Parameter:
+    """A parameter the notebook declares: an assignment in its ``parameters`` cell."""
+
+    name: str
+    type: str  # the annotation, else the default's type, else "Unknown type" (as papermill)
+    default: str  # as written
+    help: str  # the comment at the end of its line
+
+
+def declared_parameters(nb: NotebookNode) -> list[Parameter] | None:
+    """The parameters the cell tagged ``parameters`` assigns, in order (None: no such cell).
+
+    Read as papermill reads them: ``name = value`` or ``name: type = value``, with the comment
+    after it as the help; a cell that is not valid Python declares nothing.
+    """
+    cell = next((c for c in nb.cells if PARAMETERS_TAG in _tags(c)), None)
+    if cell is None:
+        return None
+    source = str(cell.source)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines()
+    found: dict[str, Parameter] = {}
+    for node in tree.body:
+        target, annotation, value = _assigned(node)
+        if target is None or value is None:
+            continue
+        default = ast.get_source_segment(source, value) or ""
+        kind = ast.get_source_segment(source, annotation) if annotation is not None else None
+        found[target] = Parameter(
+            name=target,
+            type=kind or _literal_type(default),
+            default=default,
+            help=_line_comment(lines[(node.end_lineno or node.lineno) - 1]),
+        )
+    return list(found.values())
+
+
+def _assigned(node: ast.stmt) -> tuple[str | None, ast.expr | None, ast.expr | None]:
+    """The name a top-level ``name = ...`` / ``name: T = ...`` assigns, its annotation and
+    its value."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        return (target.id if isinstance(target, ast.Name) else None), None, node.value
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return node.target.id, node.annotation, node.value
+    return None, None, None
+
+
+def _literal_type(default: str) -> str:
+    try:
+        return type(ast.literal_eval(default)).__name__
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return "Unknown type"
+
+
+def _line_comment(line: str) -> str:
+    """The ``# comment`` that ends ``line`` (a ``#`` inside a string is not one)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return ""
+    comments = [t.string for t in tokens if t.type == tokenize.COMMENT]
+    return comments[-1].lstrip("#").strip() if comments else ""
+
+
+def _warn_unknown(nb: NotebookNode, parameters: Mapping[str, Any]) -> None:
+    """papermill's warning for a parameter the notebook does not declare (often a typo)."""
+    declared = declared_parameters(nb)
+    if declared is None:
+        return  # inject_parameters warns about the missing cell itself
+    names = [p.name for p in declared]
+    for name in parameters:
+        if name not in names:
+            listed = ", ".join(names) or "none"
+            warnings.warn(
+                f"unknown parameter {name!r}: the notebook's parameters cell declares {listed}",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
 def inject_parameters(nb: NotebookNode, parameters: Mapping[str, Any]) -> NotebookNode:
     """Insert a cell tagged ``injected-parameters`` after the ``parameters`` cell (papermill's way).
 
@@ -75,6 +169,7 @@ def inject_parameters(nb: NotebookNode, parameters: Mapping[str, Any]) -> Notebo
     is replaced.
     """
     cell = new_code_cell(source=parameters_source(parameters))
+    _warn_unknown(nb, parameters)
     cell.metadata["tags"] = [INJECTED_TAG]
     if nb.get("nbformat_minor", 0) < 5:
         del cell["id"]  # cell ids are only allowed from nbformat 4.5
@@ -105,16 +200,19 @@ def kernelspec_name(nb: NotebookNode) -> str | None:
     return str(name) if name else None
 
 
-def check_kernelspec(name: str) -> None:
-    """Raise a ``NotebookError`` naming ``name`` when no such kernelspec is installed."""
+def check_kernelspec(name: str, *, chosen: bool = False) -> None:
+    """Raise a ``NotebookError`` naming ``name`` when no such kernelspec is installed
+    (``chosen``: the caller named it, not the notebook)."""
     manager = KernelSpecManager()
     try:
         manager.get_kernel_spec(name)
     except NoSuchKernel:
         installed = ", ".join(sorted(manager.find_kernel_specs())) or "none"
+        whose = "kernelspec" if chosen else "the notebook's kernelspec"
+        instead = "another with -k" if chosen else "an executor with --executor, or -k"
         raise NotebookError(
-            f"the notebook's kernelspec {name!r} is not installed (installed: {installed}); "
-            "install it, or choose an executor with --executor"
+            f"{whose} {name!r} is not installed (installed: {installed}); "
+            f"install it, or choose {instead}"
         ) from None
 
 
@@ -264,7 +362,7 @@ def _check_stateful(executor: AsyncExecutor) -> None:
     # Cells build on each other; run one per fresh process and every later cell breaks.
     if executor.kind != "kernel":
         raise ValueError(
-            f"a notebook needs a stateful (kernel) executor, not {type(executor).__name__}"
+            f"a notebook needs a stateful (kernel) executor, not {executor_label(executor)!r}"
         )
 
 
@@ -279,6 +377,8 @@ async def run_notebook_async(
     progress: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
     output_files: bool = True,
+    kernel_name: str | None = None,
+    on_output: OutputCallback | None = None,
 ) -> NotebookNode:
     """The async form of ``run_notebook``; ``executor`` None means a local kernel."""
     nb, source = _prepare(path, parameters)
@@ -287,9 +387,8 @@ async def run_notebook_async(
         _check_stateful(executor)
         return await run.execute(executor)
     folder = files_folder(source, output_path, output_files)
-    async with AsyncKernelExecutor(
-        **_kernel_options(nb, Path(work_dir or source.parent), timeout, folder)
-    ) as owned:
+    options = _kernel_options(nb, Path(work_dir or source.parent), timeout, folder, kernel_name)
+    async with AsyncKernelExecutor(**options, on_output=on_output) as owned:
         return await run.execute(owned)
 
 
@@ -304,6 +403,8 @@ def run_notebook(
     progress: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
     output_files: bool = True,
+    kernel_name: str | None = None,
+    on_output: OutputCallback | None = None,
 ) -> NotebookNode:
     """Run a notebook's code cells in order and return it with outputs and execution counts.
 
@@ -317,13 +418,21 @@ def run_notebook(
     works in ``work_dir``, by default the notebook's folder (as in Jupyter); the rich outputs it
     saves as files go to a folder named after the output notebook (``report_files/`` for
     ``report.ipynb``), or nowhere with ``output_files=False`` (they are in the notebook anyway).
+    ``kernel_name`` runs the local kernel of that kernelspec instead of the notebook's (as
+    papermill's ``-k``); ``on_output`` is called with each output as it arrives (an executor
+    built here; one you pass keeps its own). A parameter the ``parameters`` cell does not
+    assign is warned about (``UserWarning``), as papermill does: it is often a typo.
     """
     nb, source = _prepare(path, parameters)
     run = _Run(nb, output_path, timeout, allow_errors=allow_errors, progress=progress)
     if isinstance(executor, SyncExecutor):
         return _run_on(executor, run)
     folder = files_folder(source, output_path, output_files)
-    owned = _build_executor(executor, nb, Path(work_dir or source.parent), timeout, folder)
+    if kernel_name is not None and executor not in (None, "kernel"):
+        raise ValueError(f"kernel_name applies to the local kernel, not to {executor!r}")
+    work = Path(work_dir or source.parent)
+    options = {"work_dir": work, "timeout": timeout, "outputs_dir": folder, "on_output": on_output}
+    owned = _build_executor(executor, nb, options, kernel_name)
     try:
         return _run_on(owned, run)
     finally:
@@ -345,24 +454,31 @@ def files_folder(
 
 
 def _kernel_options(
-    nb: NotebookNode, work_dir: Path, timeout: float, outputs_dir: str | None
+    nb: NotebookNode,
+    work_dir: Path,
+    timeout: float,
+    outputs_dir: str | None,
+    kernel_name: str | None = None,
 ) -> dict[str, Any]:
-    name = kernelspec_name(nb)
+    name = kernel_name or kernelspec_name(nb)
     options: dict[str, Any] = {
         "work_dir": work_dir,
         "timeout": timeout,
         "outputs_dir": outputs_dir,
     }
     if name is not None:
-        check_kernelspec(name)
+        check_kernelspec(name, chosen=kernel_name is not None)
         options["kernel_name"] = name
     return options
 
 
 def _build_executor(
-    name: str | None, nb: NotebookNode, work_dir: Path, timeout: float, outputs_dir: str | None
+    name: str | None, nb: NotebookNode, options: dict[str, Any], kernel_name: str | None
 ) -> SyncExecutor[Any]:
-    """A local kernel from the notebook's kernelspec, or the executor ``name`` stands for."""
+    """A local kernel from the notebook's kernelspec (or ``kernel_name``), or the executor
+    ``name`` stands for."""
     if name is None or name == "kernel":
-        return KernelExecutor(**_kernel_options(nb, work_dir, timeout, outputs_dir))
-    return make_executor(name, work_dir=work_dir, timeout=timeout, outputs_dir=outputs_dir)
+        where = (options["work_dir"], options["timeout"], options["outputs_dir"])
+        local = _kernel_options(nb, *where, kernel_name)
+        return KernelExecutor(**local, on_output=options["on_output"])
+    return make_executor(name, **options)

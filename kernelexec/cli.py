@@ -15,12 +15,12 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from ._errors import DockerUnavailable, KernelExecError, UnknownExecutor
 from ._extract import extract_code_blocks, normalize_language
 from ._mcp.cli import add_mcp_command
-from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, make_executor
+from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, executor_entry, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
 from .backends._docker_options import DEFAULT_IMAGE, LAUNCHERS_IMAGE
@@ -34,27 +34,46 @@ if TYPE_CHECKING:
 # and argument errors stay fast.
 
 
+class UsageError(Exception):
+    """A command line that cannot work as given: ``main`` prints its one line and exits 2."""
+
+
 def _remote(args: argparse.Namespace) -> dict[str, Any]:
     """``--remote URL``: the blocks run on a kernel of that gateway (the ``gateway`` executor)."""
     if not getattr(args, "remote", None):
+        if args.executor == "gateway":
+            raise UsageError("--executor gateway needs --remote URL (the gateway's address)")
         return {}
     if args.executor not in {DEFAULT_EXECUTOR, "gateway"}:
-        raise SystemExit("kernelexec: --remote runs a gateway kernel; drop --executor")
+        raise UsageError("--remote runs a gateway kernel; drop --executor")
     args.executor = "gateway"
     return {"url": args.remote, "token": args.token, "user": args.remote_user}
 
 
 def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any]:
     """The executor ``--executor`` (and ``--remote``) name, with the common options."""
-    options.setdefault("timeout", args.timeout)
+    name, flags = executor_flags(args)
+    return make_executor(name, **{**flags, **options})
+
+
+def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The executor name and options the flags ask for; a ``UsageError`` naming the flag to
+    use when they cannot work together. Nothing is made here: commands check before they
+    create a work dir."""
+    options: dict[str, Any] = {"timeout": args.timeout}
     if getattr(args, "work_dir", None):
         options.setdefault("work_dir", args.work_dir)
     options.update(_remote(args))
     if getattr(args, "kernelspec", None):
         if args.executor not in {DEFAULT_EXECUTOR, "provisioned-kernel"} or options.get("url"):
-            raise SystemExit("kernelexec: --kernelspec runs a provisioned kernel; drop --executor")
+            raise UsageError("--kernelspec runs a provisioned kernel; drop --executor")
         args.executor = "provisioned-kernel"
         options.update(kernel_name=args.kernelspec, user=args.remote_user)
+    elif args.executor == "provisioned-kernel":
+        raise UsageError(
+            "--executor provisioned-kernel needs --kernelspec NAME (an installed kernelspec "
+            "with a provisioner: `kernelexec cluster spec` installs one)"
+        )
     name = _sandboxed(args)
     runtime = getattr(args, "runtime", None)
     if runtime is not None:
@@ -64,7 +83,8 @@ def _executor_from(args: argparse.Namespace, **options: Any) -> SyncExecutor[Any
                 f"not {name!r}"
             )
         options["runtime"] = runtime
-    return make_executor(name, **options)
+    executor_entry(name)  # an unknown name is refused here, before anything is made
+    return name, options
 
 
 _SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
@@ -106,49 +126,210 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kernelexec: no such file to upload: {missing[0]}", file=sys.stderr)
         return 2
     blocks = blocks_from_source(text, name)
-    # Without --work-dir, run in a fresh temp dir that is kept only if the blocks left files
-    # there: the result names them, so they must still exist when the command returns.
-    work_dir = args.work_dir or tempfile.mkdtemp(prefix="kernelexec-run-")
-    result: ExecutionResult | None = None
-    try:
-        result = _run_blocks(args, blocks, Path(work_dir))
-    finally:
-        if not args.work_dir and (result is None or not result.files):
-            shutil.rmtree(work_dir, ignore_errors=True)
+    executor_flags(args)  # a usage error before any folder is made
+    out = _Stdout(sys.stdout)
+    results: list[ExecutionResult] = []
+    with _WorkDir(args.work_dir, "run", uploads=args.upload) as work:
+        try:
+            _run_blocks(args, blocks, work.path, out, results)
+        finally:
+            work.made_files = any(r.files or r.full_output_file for r in results)
+    if args.notebook and Path(args.notebook).is_file():  # written once a block was recorded
+        _say(f"transcript saved to {Path(args.notebook).absolute()}")
+    if out.closed:
+        raise _OutputClosed(len(results), len(blocks))
+    return _report_run(args, blocks, results, work, out)
+
+
+def _report_run(
+    args: argparse.Namespace,
+    blocks: list[CodeBlock],
+    results: list[ExecutionResult],
+    work: _WorkDir,
+    out: _Stdout,
+) -> int:
+    from ._executor import combine_results
+
+    result = combine_results(results)
     if args.json:
         document = result.to_dict()
-        document["blocks"] = [r.to_dict() for r in result.block_results or [result]]
-        print(json.dumps(document, indent=2, default=str))
+        document["work_dir"] = str(work.path) if work.kept else None
+        document["blocks"] = block_entries(blocks, results)
+        out.write(json.dumps(document, indent=2, default=str) + "\n")
     elif not blocks:
-        print(result.output)
+        out.write(result.output + "\n")
+    out.flush()
+    if out.closed:
+        raise _OutputClosed(len(results), len(blocks))
     return min(result.exit_code, 255)
 
 
-def _run_blocks(args: argparse.Namespace, blocks: list[CodeBlock], work: Path) -> ExecutionResult:
-    """Run the blocks in order, stopping at the first failure; the human view streams output
-    as it happens and frames each block; ``--json`` prints one document at the end."""
-    from ._executor import combine_results
+def block_entries(
+    blocks: Sequence[CodeBlock], results: Sequence[ExecutionResult]
+) -> list[dict[str, Any]]:
+    """``--json``'s ``blocks``: one entry per block of the message, run or not, with its
+    ``status`` (``ok``, ``failed``, ``timed_out``, ``not_run``) and, when not ok, the ``reason``."""
+    entries = []
+    for number, block in enumerate(blocks, 1):
+        if number <= len(results):
+            result = results[number - 1]
+            entry = {"index": number, **result.to_dict(), "code": block.code}
+            entry["status"], entry["reason"] = _status(result)
+        else:
+            last = results[-1] if results else None
+            why = "timed out" if last is not None and last.timed_out else "failed"
+            # the same keys as a block that ran (a reader need not tell them apart first)
+            entry = {
+                "index": number,
+                **ExecutionResult(exit_code=0, language=block.language).to_dict(),
+                "exit_code": None,  # it never ran: no status of its own
+                "code": block.code,
+                "not_run": True,
+                "status": "not_run",
+                "reason": f"block {len(results)} {why}" if results else "not started",
+            }
+        entries.append(entry)
+    return entries
+
+
+def _status(result: ExecutionResult) -> tuple[str, str | None]:
+    evalue = result.error.evalue if result.error is not None else None
+    if result.not_run:
+        return "not_run", evalue or "refused before it ran"
+    if result.timed_out:
+        return "timed_out", str(result.error) if result.error is not None else "timed out"
+    if not result.ok:
+        error = result.error
+        what = f"{error.ename}: {error.evalue}" if error is not None else "failed"
+        return "failed", f"{what} (exit code {result.exit_code})"
+    return "ok", None
+
+
+def _run_blocks(
+    args: argparse.Namespace,
+    blocks: list[CodeBlock],
+    work: Path,
+    out: _Stdout,
+    results: list[ExecutionResult],
+) -> None:
+    """Run the blocks in order into ``results``, stopping at the first failure (or when
+    stdout is closed: nobody reads on); the human view streams output as it happens and
+    frames each block; ``--json`` prints one document at the end."""
     from ._view import LiveView, block_footer, block_header, not_run_line
 
-    live = None if args.json else LiveView(sys.stdout, colour=sys.stdout.isatty())
-    results: list[ExecutionResult] = []
-    with _executor_from(args, work_dir=work, on_output=live) as executor:
+    # _Stdout has the part of TextIO the view uses (write, flush)
+    live = None if args.json else LiveView(cast(TextIO, out), colour=out.isatty())
+    options: dict[str, Any] = {"work_dir": work, "on_output": live}
+    if args.notebook:
+        options["notebook_path"] = Path(args.notebook).absolute()
+    with _executor_from(args, **options) as executor:
         for upload in args.upload:
             executor.upload(upload)
         for number, block in enumerate(blocks, 1):
             if live is not None:
-                print(block_header(number, len(blocks), block.language), flush=True)
+                out.write(block_header(number, len(blocks), block.language) + "\n")
+                out.flush()
             result = executor.execute_block(block)
             results.append(result)
             if live is not None:
                 live.finish()
-                print(block_footer(result, work), flush=True)
-            if not result.ok:
+                out.write(block_footer(result, work) + "\n")
+                out.flush()
+            if not result.ok or out.closed:
                 break
-    if live is not None:
+    if live is not None and not out.closed:
         for number in range(len(results) + 1, len(blocks) + 1):
-            print(not_run_line(number, len(blocks), len(results), results[-1]))
-    return combine_results(results)
+            out.write(not_run_line(number, len(blocks), len(results), results[-1]) + "\n")
+
+
+def _say(text: str) -> None:
+    """A note about the run itself (not its output): stderr, so stdout stays the blocks'."""
+    print(f"kernelexec: {text}", file=sys.stderr, flush=True)
+
+
+class _WorkDir:
+    """The work dir of ``run`` and ``repl``: ``--work-dir``, or a new temp folder that is named
+    when it is made and, at the end, kept (and named again) when anything was made there,
+    else removed: a plot or a file the code wrote is never deleted behind the user's back."""
+
+    def __init__(self, given: str | None, kind: str, *, uploads: Sequence[str] = ()) -> None:
+        self.temporary = not given
+        made = given or tempfile.mkdtemp(prefix=f"kernelexec-{kind}-")
+        self.path = Path(made).absolute()
+        self._uploads = {Path(u).name for u in uploads}
+        self.made_files = False  # set by the caller from the results (a changed upload)
+        self.kept = not self.temporary
+
+    def __enter__(self) -> _WorkDir:
+        if self.temporary:
+            _say(f"work dir {self.path} (a new folder: kept if anything is made there)")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.temporary:
+            return
+        if self.made_files or _anything_made(self.path, ignore=self._uploads):
+            self.kept = True
+            _say(f"files kept in {self.path}")
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        _say(f"nothing was made: removed {self.path}")
+
+
+def _anything_made(folder: Path, *, ignore: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Any entry besides kernelexec's own folder and ``ignore`` (names only: nothing the code
+    left there is followed or opened)."""
+    from ._door import OWN_DIR
+
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return False
+    return bool(names - {OWN_DIR} - ignore)
+
+
+class _OutputClosed(Exception):
+    """stdout was closed by its reader (``| head -1``): the run stopped there."""
+
+    def __init__(self, ran: int, total: int) -> None:
+        rest = f"; blocks {ran + 1}-{total} were not run" if ran < total else ""
+        super().__init__(f"the output was closed by its reader after block {ran} of {total}{rest}")
+
+
+class _Stdout:
+    """stdout that notices when its reader goes away (``| head -1``): writes after that are
+    dropped and ``closed`` is set, so the run stops cleanly instead of raising mid-block (the
+    live view writes from the executor's thread)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        if not self.closed:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._close()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def _close(self) -> None:
+        self.closed = True
+        # The interpreter flushes stdout at exit: point it at /dev/null so that flush does
+        # not raise a second BrokenPipeError (the Python docs' advice for SIGPIPE).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
 
 
 _EXAMPLES = """\
@@ -183,7 +364,13 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument("file", help="a markdown message, a .py or .sh file, or - for stdin")
     _add_executor_options(run)
-    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON: every block with its status (ok, failed, timed_out, "
+        "not_run) and why",
+    )
+    run.add_argument("--notebook", help="also save the session as a notebook here (as chat does)")
     run.add_argument(
         "--upload",
         action="append",
@@ -234,11 +421,14 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
 def cmd_repl(args: argparse.Namespace) -> int:
     from ._repl import run_interactive, run_repl
 
-    with _executor_from(args) as executor:
+    # As for run: a temp work dir is named at the start and kept at Ctrl-D when anything was
+    # made there (a plot the session showed must still exist after it).
+    executor_flags(args)  # a usage error before any folder is made
+    with _WorkDir(args.work_dir, "repl") as work, _executor_from(args, work_dir=work.path) as ex:
         if sys.stdin.isatty() and sys.stdout.isatty() and not args.separator_only:
-            return run_interactive(executor, sys.stdout, language=normalize_language(args.language))
+            return run_interactive(ex, sys.stdout, language=normalize_language(args.language))
         return run_repl(
-            executor,
+            ex,
             sys.stdin,
             sys.stdout,
             language=normalize_language(args.language),
@@ -260,14 +450,20 @@ def _add_repl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_notebook_run(args: argparse.Namespace) -> int:
-    from ._notebook import parse_parameter, run_notebook
+    from ._notebook import run_notebook
     from ._session import META_KEY
 
     output = args.output or args.notebook  # like nbconvert --inplace when no -o is given
-    parameters = {name: parse_parameter(value) for name, value in args.parameter or []}
+    _check_notebook_executor(args.executor)
+    if args.kernel is not None and args.executor not in (None, "kernel"):
+        raise UsageError("-k/--kernel names a local kernelspec: drop --executor, or -k")
+    parameters = _notebook_parameters(args)
+    if args.help_notebook:
+        return _help_notebook(args.notebook)
     try:
         with warnings.catch_warnings():
-            # e.g. -p on a notebook without a 'parameters' cell: one line, when it happens
+            # e.g. -p on a notebook without a 'parameters' cell, or a name it does not
+            # declare: one line each, when it happens
             warnings.simplefilter("always", UserWarning)
             warnings.showwarning = _warning_line
             nb = _run_notebook_cli(run_notebook, args, output, parameters)
@@ -284,6 +480,80 @@ def cmd_notebook_run(args: argparse.Namespace) -> int:
     return min(int(status["exit_code"]), 255)
 
 
+def _notebook_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """papermill's order: ``-f`` files, then ``-y`` strings, then ``-p``, then ``-r`` (raw
+    strings); a later value for a name wins."""
+    from ._notebook import parse_parameter
+
+    parameters: dict[str, Any] = {}
+    for path in args.parameters_file:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"-f {path}: cannot read it ({exc.strerror or exc})") from None
+        parameters.update(_yaml_mapping(text, f"-f {path}"))
+    for text in args.parameters_yaml:
+        parameters.update(_yaml_mapping(text, "-y"))
+    parameters.update((name, parse_parameter(value)) for name, value in args.parameter)
+    parameters.update((name, value) for name, value in args.parameter_raw)
+    return parameters
+
+
+def _yaml_mapping(text: str, flag: str) -> dict[str, Any]:
+    """``-f`` / ``-y``: a YAML mapping of names to values (PyYAML when installed; JSON, which
+    is YAML too, without it)."""
+    try:
+        import yaml
+    except ImportError:
+        yaml = None
+    try:
+        value = yaml.safe_load(text) if yaml is not None else json.loads(text or "null")
+    except ValueError as exc:  # json.JSONDecodeError; yaml.YAMLError is checked below
+        hint = "" if yaml is not None else " (only JSON without PyYAML: pip install pyyaml)"
+        raise UsageError(f"{flag}: not a YAML mapping{hint}: {exc}") from None
+    except Exception as exc:
+        if yaml is not None and isinstance(exc, yaml.YAMLError):
+            raise UsageError(f"{flag}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a mapping of parameter names to values")
+    return {str(name): item for name, item in value.items()}
+
+
+def _help_notebook(path: str) -> int:
+    """``--help-notebook``: the parameters the notebook declares, as papermill lists them."""
+    from ._notebook import declared_parameters
+    from ._session import read_notebook
+
+    declared = declared_parameters(read_notebook(path))
+    print(f"Parameters inferred for notebook '{path}':")
+    if declared is None:
+        print("\n  No cell tagged 'parameters'")
+        return 1
+    if not declared:
+        print("\n  The 'parameters' cell assigns no names.")
+    for parameter in declared:
+        line = f"  {parameter.name}: {parameter.type} (default {parameter.default})"
+        print(f"{line:<34}{parameter.help}".rstrip() if len(line) <= 30 else line)
+        if len(line) > 30 and parameter.help:
+            print(f"{'':34}{parameter.help}")
+    return 0
+
+
+def _check_notebook_executor(name: str | None) -> None:
+    """Refuse a stateless ``--executor`` before anything starts: cells build on each other."""
+    from ._registry import EXECUTORS
+
+    if name is not None and not executor_entry(name).stateful:
+        stateful = ", ".join(e.name for e in EXECUTORS.values() if e.stateful)
+        raise UsageError(
+            f"--executor {name} runs each block in a new process; a notebook's cells build "
+            f"on each other: use --executor with one of {stateful}"
+        )
+
+
 def _warning_line(message: Warning | str, *args: Any, **kwargs: Any) -> None:
     print(f"kernelexec: warning: {message}", file=sys.stderr, flush=True)
 
@@ -298,10 +568,26 @@ def _run_notebook_cli(
         timeout=args.timeout,
         allow_errors=args.allow_errors,
         parameters=parameters,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.log_output),  # papermill: one or the other
         work_dir=args.work_dir,
         output_files=not args.no_output_files,
+        kernel_name=args.kernel,
+        on_output=_log_output() if args.log_output else None,
     )
+
+
+def _log_output() -> Any:
+    """``--log-output``: each cell's output as it happens, stdout text to stdout and stderr
+    text to stderr (papermill logs both); rich outputs as one line."""
+    from ._view import LiveView
+
+    out, err = LiveView(sys.stdout), LiveView(sys.stderr)
+
+    def show(output: dict[str, Any]) -> None:
+        is_err = output.get("output_type") == "stream" and output.get("name") == "stderr"
+        (err if is_err else out)(output)
+
+    return show
 
 
 def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -332,7 +618,49 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         nargs=2,
         action="append",
         metavar=("NAME", "VALUE"),
+        default=[],
         help="inject NAME = VALUE after the 'parameters' cell (a Python literal, else a string)",
+    )
+    run.add_argument(
+        "-r",
+        "--parameter-raw",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="inject NAME = VALUE as a string, as written (e.g. -r code 007)",
+    )
+    run.add_argument(
+        "-f",
+        "--parameters-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a YAML file of parameters (repeatable; -y, -p and -r override it)",
+    )
+    run.add_argument(
+        "-y",
+        "--parameters-yaml",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="parameters as a YAML string, e.g. -y '{region: north, n: 3}'",
+    )
+    run.add_argument(
+        "--help-notebook",
+        action="store_true",
+        help="list the parameters the notebook declares (and their defaults), then exit",
+    )
+    run.add_argument(
+        "-k",
+        "--kernel",
+        metavar="NAME",
+        help="run this kernelspec instead of the notebook's (a local kernel)",
+    )
+    run.add_argument(
+        "--log-output",
+        action="store_true",
+        help="show each cell's output as it happens (stdout, and stderr on stderr)",
     )
     run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     run.set_defaults(func=cmd_notebook_run)
@@ -531,10 +859,20 @@ def _add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    executor_flags(args)  # a usage error before any folder is made
+    # The transcript is always kept: in the work dir (a new folder when none is given). A
+    # chat that fails before anything was made there leaves no empty folder behind.
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kernelexec-chat-")).absolute()
+    try:
+        return _chat(args, work)
+    finally:
+        if not args.work_dir and not _anything_made(work):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _chat(args: argparse.Namespace, work: Path) -> int:
     from .agent import OpenAIChatModel, ask_on_terminal, run_chat
 
-    # The transcript is always kept: in the work dir (a new folder when none is given).
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kernelexec-chat-")).absolute()
     notebook = args.notebook or str(work / "chat.ipynb")
     try:
         # Built inside the try: with no key and no --base-url, openai refuses at construction.
@@ -566,7 +904,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _say_model_problem(exc: BaseException, base_url: str | None) -> int:
     """Print the one line for a model problem (exit status 2); anything else propagates."""
-    problem = _model_problem(exc, base_url)
+    # A usage or kernelexec error is not the model's: main prints it as it is.
+    problem = (
+        None if isinstance(exc, (UsageError, KernelExecError)) else _model_problem(exc, base_url)
+    )
     if problem is None:
         raise exc
     print(f"kernelexec: {problem}", file=sys.stderr)
@@ -605,7 +946,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status: int = args.func(args)
-    except KernelExecError as exc:
+    except (KernelExecError, UsageError, _OutputClosed) as exc:
         print(f"kernelexec: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -38,6 +38,7 @@ from ._docker_options import LABEL_OWNER_PID as LABEL_OWNER_PID
 from ._docker_options import LABEL_RUNTIME_DIR as LABEL_RUNTIME_DIR
 from ._docker_options import LABEL_SESSION as LABEL_SESSION
 from ._docker_options import LABEL_VERSION as LABEL_VERSION
+from ._docker_options import LAUNCHERS_IMAGE
 from ._docker_options import RUNTIME_DIR_PREFIX as RUNTIME_DIR_PREFIX
 from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
@@ -109,10 +110,26 @@ def _probe_unix_socket(url: str, timeout: float) -> None:
 
 
 def image_missing_message(image: str) -> str:
+    """How to get ``image``: kernelexec's build command builds only its own two images."""
+    missing = f"Docker image {image!r} is not present on this engine."
+    if _with_tag(image) == DEFAULT_IMAGE:
+        return (
+            f"{missing} Build it with `kernelexec image build --offline` (no registry needed) "
+            "or `kernelexec image build`."
+        )
+    if _with_tag(image) == LAUNCHERS_IMAGE:
+        return f"{missing} Build it with `kernelexec image build --offline --with-launchers`."
     return (
-        f"Docker image {image!r} is not present on this engine. Build it with "
-        "`kernelexec image build --offline` (no registry needed) or `kernelexec image build`."
+        f"{missing} Pull it (`docker pull {image}`) or build it from its Dockerfile "
+        f"(`docker build -t {image} .`); it needs Python with ipykernel for the kernel "
+        "executors."
     )
+
+
+def _with_tag(image: str) -> str:
+    """``name`` as the engine reads it: ``name:latest`` when no tag (nor digest) is given."""
+    last = image.rsplit("/", 1)[-1]
+    return image if ":" in last or "@" in last else f"{image}:latest"
 
 
 def check_image(client: docker.DockerClient, image: str) -> None:

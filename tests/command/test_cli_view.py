@@ -89,12 +89,13 @@ def test_json_has_a_result_per_block(tmp_path: Path) -> None:
     document = json.loads(proc.stdout)  # one document, nothing else on stdout
     assert document["exit_code"] == 1
     blocks = document["blocks"]
-    assert [b["exit_code"] for b in blocks] == [0, 0, 1]
-    assert [b["language"] for b in blocks] == ["python"] * 3
+    assert [b["exit_code"] for b in blocks] == [0, 0, 1, None]  # every block, the 4th not run
+    assert [b["status"] for b in blocks] == ["ok", "ok", "failed", "not_run"]
+    assert [b["language"] for b in blocks] == ["python"] * 3 + ["shell"]
     assert blocks[0]["output"] == "one\n"
     assert blocks[1]["files"] == [str(tmp_path / "note.txt")]
     assert blocks[2]["error"]["ename"] == "ZeroDivisionError"
-    assert all(b["code_file"] for b in blocks)  # stateless blocks are saved, and say where
+    assert all(b["code_file"] for b in blocks[:3])  # stateless blocks are saved, and say where
 
 
 def test_help_lists_the_executors_and_examples() -> None:

@@ -257,7 +257,8 @@ def test_powershell_when_installed_else_unsupported(ex: CommandLineExecutor, tag
 
 
 def test_untagged_non_python_block_is_not_run(fresh: CommandLineExecutor) -> None:
-    result = fresh.execute_message("```\nls -la && echo done\n```")
+    # (untagged command lines such as `ls -la && echo done` are shell: tests/unit/test_extract)
+    result = fresh.execute_message("```\nSELECT name FROM users;\n```")
     assert result.exit_code == 1
     assert "no language tag and is not valid Python" in result.output
     assert _files(fresh.work_dir) == set()

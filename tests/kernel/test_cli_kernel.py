@@ -81,3 +81,23 @@ def test_render_marks_failures() -> None:
 
     assert render(ExecutionResult(exit_code=124, output="slow")) == "slow\n[exit code 124]"
     assert render(ExecutionResult(exit_code=0, output="")) == ""
+
+
+def test_an_untagged_command_line_runs_as_shell_on_a_kernel_and_a_command_executor(
+    tmp_path: Path,
+) -> None:
+    """``ls -la | head -2`` is valid Python: a kernel ran it through IPython's automagic and
+    a command executor failed with NameError. One detector now makes it shell on both."""
+    (tmp_path / "a.txt").write_text("x")
+    outputs = []
+    for executor in ("kernel", "command"):
+        proc = kx(
+            "run", "-", "--json", "--executor", executor, "--work-dir", str(tmp_path),
+            stdin="```\nls -la | head -2\n```\n",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [block] = json.loads(proc.stdout)["blocks"]
+        assert block["language"] == "shell"
+        outputs.append(block["output"].splitlines())
+    for lines in outputs:
+        assert len(lines) == 2 and lines[0].startswith("total ")

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelexec import CodeBlock, MarkdownCodeExtractor, extract_code_blocks, normalize_language
-from kernelexec._extract import DISPLAY_ONLY, LANGUAGE_ALIASES, looks_like_python
+from kernelexec._extract import (
+    DISPLAY_ONLY,
+    LANGUAGE_ALIASES,
+    looks_like_python,
+    looks_like_shell,
+)
 
 # -- fences -------------------------------------------------------------------------------------
 
@@ -187,8 +192,41 @@ def test_untagged_with_ipython_magics_is_python() -> None:
 
 
 def test_untagged_non_python_is_left_without_language() -> None:
-    [block] = extract_code_blocks("```\nls -la | grep foo && echo done\n```")
-    assert block == CodeBlock(code="ls -la | grep foo && echo done", language="")
+    [block] = extract_code_blocks("```\nSELECT name FROM users;\n```")
+    assert block == CodeBlock(code="SELECT name FROM users;", language="")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "ls -la | head -2",  # valid Python (names and operators): IPython's automagic ran it
+        "ls -la | grep foo && echo done",
+        "pip install pandas",
+        "cd /tmp\nls",
+        "# the data\nwc -l data.csv\nhead -5 data.csv",
+        "python -m pip install \\\n    pandas",
+        "#!/bin/bash\nset -e\nmake all",
+        'find . -name "*.py" | xargs wc -l',
+    ],
+)
+def test_untagged_command_lines_are_shell(code: str) -> None:
+    """One detector for every executor: a kernel and a command executor run it alike."""
+    assert looks_like_shell(code)
+    [block] = extract_code_blocks(f"```\n{code}\n```")
+    assert block.language == "shell"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        *("df", "ls", "x = 1", "print(1)", "date - start", "test = 1", "total / n", "sort(x)"),
+        *("import os\nls -la", "head = df.head(5)\nhead", "echo(1)", "cat"),
+    ],
+)
+def test_python_that_shares_a_word_with_a_command_stays_python(code: str) -> None:
+    assert not looks_like_shell(code)
+    [block] = extract_code_blocks(f"```\n{code}\n```")
+    assert block.language == ("python" if looks_like_python(code) else "")
 
 
 @pytest.mark.parametrize(
