@@ -64,8 +64,8 @@ class ExecutorOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     cleanup_code_files: bool = False
-    #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir; None: not
-    #: saved as files (they stay in ``outputs`` and the session notebook)
+    #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir ("." the work
+    #: dir itself); None: not saved as files (they stay in ``outputs`` and the session notebook)
     outputs_dir: str | None = "outputs"
 
 
@@ -182,7 +182,7 @@ class AsyncExecutor(ABC):
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
-            outputs_dir=folder_option(outputs_dir, "outputs_dir"),
+            outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=True),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:

@@ -126,15 +126,19 @@ def _describe(func: Any) -> FunctionSpec:
     imports = tuple(_import_line(item) for item in getattr(func, "global_imports", ()) or ())
     packages = tuple(str(p) for p in getattr(func, "python_packages", ()) or ())
     if isinstance(inner, str):
-        source, compiled = _from_string(inner, getattr(func, "compiled_func", None))
+        text = textwrap.dedent(inner)
+        node = _only_function(text, what="the source given")
     elif inspect.isfunction(inner):
-        source, compiled = _source_of(inner), inner
+        text = _source_of(inner)
+        node = _only_function(text, what=repr(inner))
+        if node.name != inner.__name__:  # a lambda, or a function renamed after its def
+            raise InvalidBlock(f"functions=: {inner!r} is not defined by a def of its own name")
     else:
         raise InvalidBlock(f"functions= takes functions (or their source), not {func!r}")
     return FunctionSpec(
-        name=compiled.__name__,
-        source=source,
-        stub=_stub(compiled),
+        name=node.name,
+        source=_from_def(text, node),
+        stub=_stub(node),
         imports=imports,
         packages=packages,
     )
@@ -142,27 +146,9 @@ def _describe(func: Any) -> FunctionSpec:
 
 def _source_of(func: Callable[..., Any]) -> str:
     try:
-        text = textwrap.dedent(inspect.getsource(func))
+        return textwrap.dedent(inspect.getsource(func))
     except (OSError, TypeError) as exc:
         raise InvalidBlock(f"functions=: the source of {func!r} cannot be read: {exc}") from exc
-    node = _only_function(text, what=repr(func))
-    if node.name != func.__name__:  # a lambda, or a function renamed after its definition
-        raise InvalidBlock(f"functions=: {func!r} is not defined by a def of its own name")
-    return _from_def(text, node)
-
-
-def _from_string(source: str, compiled: Any) -> tuple[str, Callable[..., Any]]:
-    text = textwrap.dedent(source)
-    node = _only_function(text, what="the source given")
-    if not callable(compiled):
-        # The peers compile it the same way to read its signature; the text is the caller's.
-        namespace: dict[str, Any] = {}
-        try:
-            exec(compile(text, f"<functions: {node.name}>", "exec"), namespace)
-        except Exception as exc:
-            raise InvalidBlock(f"Could not compile function: {exc}") from exc
-        compiled = namespace[node.name]
-    return _from_def(text, node), compiled
 
 
 def _only_function(text: str, *, what: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
@@ -184,11 +170,16 @@ def _from_def(text: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return "\n".join(lines[node.lineno - 1 : end]).rstrip() + "\n"
 
 
-def _stub(func: Callable[..., Any]) -> str:
-    # The peers' layout, so a prompt reads the same: the docstring dedented, quoted, indented.
-    stub = f"def {func.__name__}{inspect.signature(func)}:\n"
-    if func.__doc__:
-        stub += textwrap.indent('"""' + textwrap.dedent(func.__doc__) + '"""', "    ") + "\n"
+def _stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """The signature as the source writes it (the peers print ``inspect.signature``, which
+    quotes every annotation under ``from __future__ import annotations``), then the peers'
+    layout: the docstring dedented, quoted and indented, the body ``...``. Read from the
+    text, so nothing the caller gave is run on the host."""
+    returns = "" if node.returns is None else f" -> {ast.unparse(node.returns)}"
+    stub = f"def {node.name}({ast.unparse(node.args)}){returns}:\n"
+    doc = ast.get_docstring(node, clean=False)
+    if doc:
+        stub += textwrap.indent('"""' + textwrap.dedent(doc) + '"""', "    ") + "\n"
     return stub + "    ..."
 
 
