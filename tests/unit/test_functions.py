@@ -104,7 +104,7 @@ def test_stub_and_prompt_read_as_the_peers_do() -> None:
     from string import Template
 
     [spec] = describe_functions([add])
-    assert spec.stub.startswith("def add(a: int, b: int) -> int:\n    \"\"\"Add two numbers.")
+    assert spec.stub.startswith('def add(a: int, b: int) -> int:\n    """Add two numbers.')
     assert spec.stub.endswith('"""\n    ...')
     prompt = format_functions_for_prompt([spec], "tools")
     expected = Template(PROMPT_TEMPLATE).substitute(module_name="tools", functions=spec.stub)
