@@ -182,7 +182,9 @@ class AsyncExecutor(ABC):
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
-            outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=True),
+            # "." is the work dir itself (where autogen-ext's Jupyter executor saves them);
+            # an empty name is a mistake, not a way to say it.
+            outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
