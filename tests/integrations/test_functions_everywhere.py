@@ -45,6 +45,8 @@ def ready(request: pytest.FixtureRequest, name: str) -> None:
 
 def run(executor: Any, code: str) -> tuple[int, str]:
     result = executor.execute(code)
+    # The whole text on a failure (a tuple's diff shows only the first difference).
+    assert result.exit_code == 0, f"{code!r} failed: {result.output}"
     return result.exit_code, result.output
 
 
