@@ -22,9 +22,9 @@ from autogen_core.code_executor import (
     FunctionWithRequirements,
     with_requirements,
 )
+from autogen_ext.code_executors import local as peer_local
 from autogen_ext.code_executors.docker import _docker_code_executor as peer_docker
 from autogen_ext.code_executors.jupyter import _jupyter_code_executor as peer_jupyter
-from autogen_ext.code_executors import local as peer_local
 
 from kernelexec.integrations import autogen as ours
 
