@@ -9,8 +9,10 @@
         agent = CodeExecutorAgent("executor", code_executor=executor, approval_func=...)
 
 ``kind`` is any executor name of the registry (``kernel``, ``command``, ``docker-kernel``,
-``docker-command``, ``gateway``); ``DockerCommandLineCodeExecutor`` takes autogen-ext's
-constructor arguments for the Docker command executor.
+``docker-command``, ``gateway``). ``JupyterCodeExecutor``, ``LocalCommandLineCodeExecutor`` and
+``DockerCommandLineCodeExecutor`` are drop-ins under autogen-ext's names: the same constructor
+arguments and behaviour (running without ``start()``, a cancelled token, ``functions=``,
+``dump_component()``), on kernelexec's executors.
 
 The adapter behaves as autogen-ext's executors do where the native API differs (see the README's
 table): it must be started before use (``ExecutorNotStarted``, a ``RuntimeError``); a kernel's
@@ -21,8 +23,9 @@ HTML go to ``output_files`` without a line in the text.
 
 Cancelling the ``CancellationToken`` interrupts the running block: a kernel gets an interrupt
 and keeps its state, a process is killed; ``execute_code_blocks`` then raises
-``asyncio.CancelledError`` as AutoGen's contract says. The executor is a component, so
-``dump_component()`` / ``CodeExecutor.load_component()`` round-trip its configuration.
+``asyncio.CancelledError`` as AutoGen's contract says (the drop-ins answer as their peer).
+Each class is a component: ``dump_component()`` / ``CodeExecutor.load_component()`` round-trip
+its configuration and give the same class back.
 
 Install with ``pip install 'kernelexec[autogen]'``.
 """
