@@ -97,6 +97,14 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         self._stop_running_block(_RESTARTED)
         await super().restart()
 
+    def _functions_added(self) -> None:
+        # A code file runs from its own folder (kernelexec's code dir, or a named file's), so
+        # the work dir goes first on the path: relative, it is the block's working dir whether
+        # that is on this host, in a sandbox or in a container.
+        path = self._env.get("PYTHONPATH")
+        if path is None or path.split(os.pathsep)[0] != ".":
+            self._env["PYTHONPATH"] = os.pathsep.join(p for p in (".", path) if p)
+
     def _stop_running_block(self, why: str) -> None:
         if not self.closed and os.getpid() == self._owner and self._running is not None:
             self._stopped_by = why

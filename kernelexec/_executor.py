@@ -32,6 +32,14 @@ from ._door import Door
 from ._errors import ExecutorClosed, InvalidBlock, InvalidPath, InvalidTimeout, InvalidWorkDir
 from ._extract import MarkdownCodeExtractor, normalize_language
 from ._files import FileEntry, FileStore, LocalFiles
+from ._functions import (
+    DEFAULT_MODULE,
+    check_module_name,
+    describe_functions,
+    install_code,
+    loader_code,
+    module_source,
+)
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
@@ -56,8 +64,8 @@ class ExecutorOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     cleanup_code_files: bool = False
-    #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir; None: not
-    #: saved as files (they stay in ``outputs`` and the session notebook)
+    #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir ("." the work
+    #: dir itself); None: not saved as files (they stay in ``outputs`` and the session notebook)
     outputs_dir: str | None = "outputs"
 
 
@@ -174,7 +182,9 @@ class AsyncExecutor(ABC):
             env=dict(env or {}),
             output_limit=output_limit,
             cleanup_code_files=cleanup_code_files,
-            outputs_dir=folder_option(outputs_dir, "outputs_dir"),
+            # "." is the work dir itself (where autogen-ext's Jupyter executor saves them);
+            # an empty name is a mistake, not a way to say it.
+            outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
@@ -327,6 +337,26 @@ class AsyncExecutor(ABC):
         blocks = self.code_extractor.extract_code_blocks(message)
         return await self.execute_code_blocks(blocks, timeout=timeout)
 
+    async def add_functions(
+        self, functions: Sequence[Any], *, module: str = DEFAULT_MODULE
+    ) -> ExecutionResult:
+        """Make ``functions`` importable by the code (``from functions import add``).
+
+        Their source goes to ``<module>.py`` in the work dir, their ``python_packages`` are
+        pip-installed into the code's interpreter, and the module is loaded once: in a kernel
+        the functions are then defined in the session too. The result is that run's (exit code
+        0: ready); a function without readable source raises ``InvalidBlock``. A kernel restart
+        keeps the module file, not the names bound in the session: call again to bind them.
+        """
+        specs = describe_functions(functions)
+        check_module_name(module)
+        await self.write_file(f"{module}.py", module_source(specs))
+        self._functions_added()
+        install = install_code([p for spec in specs for p in spec.packages])
+        blocks = [] if install is None else [CodeBlock(code=install, language="python")]
+        load = loader_code(module, [spec.name for spec in specs])
+        return await self.execute_code_blocks([*blocks, CodeBlock(code=load, language="python")])
+
     async def restart(self) -> None:
         """Start afresh: for a kernel, a new kernel (all state is lost)."""
         self._check_open()
@@ -382,6 +412,11 @@ class AsyncExecutor(ABC):
     @abstractmethod
     async def _close(self) -> None:
         """Stop the back end."""
+
+    def _functions_added(self) -> None:
+        """Called when a functions module is written to the work dir: a kernel imports from
+        its working dir already; a stateless executor puts the work dir on the path."""
+        return  # the kernels' case: nothing to do
 
     def _internal_path(self, *parts: str) -> Path:
         """A path under the work dir's ``.kernelexec/`` folder (kernelexec's own files)."""
@@ -607,6 +642,11 @@ class SyncExecutor(SyncFront[_A]):
 
     def execute_message(self, message: Any, *, timeout: float | None = None) -> ExecutionResult:
         return self._call(self._core.execute_message, message, timeout=timeout)
+
+    def add_functions(
+        self, functions: Sequence[Any], *, module: str = DEFAULT_MODULE
+    ) -> ExecutionResult:
+        return self._call(self._core.add_functions, functions, module=module)
 
     def restart(self) -> None:
         self._call(self._core.restart)

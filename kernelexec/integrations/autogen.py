@@ -9,8 +9,10 @@
         agent = CodeExecutorAgent("executor", code_executor=executor, approval_func=...)
 
 ``kind`` is any executor name of the registry (``kernel``, ``command``, ``docker-kernel``,
-``docker-command``, ``gateway``); ``DockerCommandLineCodeExecutor`` takes autogen-ext's
-constructor arguments for the Docker command executor.
+``docker-command``, ``gateway``). ``JupyterCodeExecutor``, ``LocalCommandLineCodeExecutor`` and
+``DockerCommandLineCodeExecutor`` are drop-ins under autogen-ext's names: the same constructor
+arguments and behaviour (running without ``start()``, a cancelled token, ``functions=``,
+``dump_component()``), on kernelexec's executors.
 
 The adapter behaves as autogen-ext's executors do where the native API differs (see the README's
 table): it must be started before use (``ExecutorNotStarted``, a ``RuntimeError``); a kernel's
@@ -21,8 +23,9 @@ HTML go to ``output_files`` without a line in the text.
 
 Cancelling the ``CancellationToken`` interrupts the running block: a kernel gets an interrupt
 and keeps its state, a process is killed; ``execute_code_blocks`` then raises
-``asyncio.CancelledError`` as AutoGen's contract says. The executor is a component, so
-``dump_component()`` / ``CodeExecutor.load_component()`` round-trip its configuration.
+``asyncio.CancelledError`` as AutoGen's contract says (the drop-ins answer as their peer).
+Each class is a component: ``dump_component()`` / ``CodeExecutor.load_component()`` round-trip
+its configuration and give the same class back.
 
 Install with ``pip install 'kernelexec[autogen]'``.
 """
@@ -32,16 +35,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
-from .._errors import ExecutionTimeout, ExecutorNotStarted
+from .._errors import DockerConfigError, ExecutionTimeout, ExecutorNotStarted, InvalidBlock
 from .._executor import AsyncExecutor, SyncExecutor
+from .._functions import (
+    DEFAULT_MODULE,
+    PROMPT_TEMPLATE,
+    check_module_name,
+    describe_functions,
+)
+from .._functions import format_functions_for_prompt as _format_for_prompt
 from .._registry import executor_entry
 from .._types import ExecutionResult
+from ..backends._docker_options import WORKSPACE
 from ._common import (
     as_peers_do,
     docker_peer_options,
@@ -60,9 +74,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = [
     "DockerCommandLineCodeExecutor",
+    "JupyterCodeExecutor",
     "KernelExecCodeExecutor",
     "KernelExecCodeExecutorConfig",
     "KernelExecCodeResult",
+    "LocalCommandLineCodeExecutor",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,7 +94,8 @@ _SAVED_FIRST = re.compile(rf"^{_SAVED}\n?")
 class KernelExecCodeResult(CodeResult):
     """AutoGen's ``CodeResult`` plus the files made and kernelexec's full result."""
 
-    output_files: list[str] = field(default_factory=list)
+    #: image and HTML files saved, and files the code made (``Path``, as autogen-ext's)
+    output_files: list[Path] = field(default_factory=list)
     code_file: str | None = None
     result: ExecutionResult | None = field(default=None, repr=False)
 
@@ -92,6 +109,8 @@ class KernelExecCodeExecutorConfig(BaseModel):
     python: str | None = None
     cleanup_temp_files: bool | None = None
     raise_on_timeout: bool | None = None
+    #: None: ``functions``
+    functions_module: str | None = None
     #: further executor options (``image=`` for a Docker kind, ...), JSON values only
     options: dict[str, Any] | None = None
 
@@ -107,11 +126,30 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
     delete is logged. ``raise_on_timeout`` (default: on for kernels, as ``JupyterCodeExecutor``)
     raises ``ExecutionTimeout`` (a ``TimeoutError``) instead of returning exit code 124.
     ``output_dir`` (``JupyterCodeExecutor``'s argument) is where image and HTML files are saved:
-    alone, it is the work dir too (the files go under it); with ``work_dir``, a folder inside it.
+    alone, it is the work dir too (the files go in it, as there); with ``work_dir``, a folder
+    inside it.
+
+    ``functions`` (plain functions, ``FunctionWithRequirements``, their ``from_str`` form) are
+    written to ``<functions_module>.py`` in the work dir before the first block runs, their
+    packages installed, and loaded once (a kernel has them defined in its session too), as
+    autogen-ext's command-line executors do; a module that fails to load raises ``ValueError``
+    (``InvalidBlock``). ``format_functions_for_prompt()`` describes them for the LLM.
+
+    Cancelling the token raises ``asyncio.CancelledError`` here (the ``CodeExecutor``
+    contract); the drop-in classes answer as the class they replace does.
     """
 
     component_config_schema = KernelExecCodeExecutorConfig
     component_provider_override = "kernelexec.integrations.autogen.KernelExecCodeExecutor"
+
+    #: the peers' template for ``format_functions_for_prompt``
+    FUNCTION_PROMPT_TEMPLATE: ClassVar[str] = PROMPT_TEMPLATE
+    #: whether running before ``start()`` raises (autogen-ext's local executor does not)
+    _must_start: ClassVar[bool] = True
+    _not_started = (
+        "the executor must be started before executing code: await executor.start() "
+        "or use 'async with' (as autogen-ext's executors require)"
+    )
 
     def __init__(
         self,
@@ -124,6 +162,8 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         cleanup_temp_files: bool | None = None,
         raise_on_timeout: bool | None = None,
         output_dir: str | Path | None = None,
+        functions: Sequence[Any] = (),
+        functions_module: str = DEFAULT_MODULE,
         **options: Any,
     ) -> None:
         if isinstance(executor, SyncExecutor):
@@ -141,14 +181,19 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
                 DeprecationWarning,
                 stacklevel=2,
             )
+        # Checked now, as the peers check them when built; loaded before the first block.
+        self._functions = list(functions)
+        self._function_specs = describe_functions(self._functions)
+        self._functions_module = check_module_name(functions_module)
+        self._functions_ready = not self._functions
         self._output_dir = None if output_dir is None else Path(output_dir)
         if output_dir is not None:
             if executor is not None:
                 raise ValueError("give either an executor or output_dir, not both")
             if work_dir is None:
-                work_dir = output_dir  # the files go under it; the kernel runs there too
-            elif (folder := _inside(Path(output_dir), Path(work_dir))) is not None:
-                options["outputs_dir"] = folder
+                work_dir = output_dir  # the kernel runs there too
+            # The files go in output_dir itself, where JupyterCodeExecutor writes them.
+            options["outputs_dir"] = _inside(Path(output_dir), Path(work_dir))
         executor_entry(kind)  # an unknown name fails here, naming the valid ones
         self._given_work_dir = None if work_dir is None else Path(work_dir)
         self._config = KernelExecCodeExecutorConfig(
@@ -158,6 +203,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             python=python,
             cleanup_temp_files=cleanup_temp_files,
             raise_on_timeout=raise_on_timeout,
+            functions_module=None if functions_module == DEFAULT_MODULE else functions_module,
             options=options or None,
         )
         self._owned = executor is None
@@ -166,6 +212,9 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         self._executor = executor if executor is not None else self._build()
         if executor is not None:
             self._config = _config_of(executor, cleanup_temp_files, raise_on_timeout)
+            self._config.functions_module = (
+                None if self._functions_module == DEFAULT_MODULE else self._functions_module
+            )
         elif python is not None:
             # A relative python= is the caller's now: a rebuild after stop() or a loaded
             # component must not read it against another current directory.
@@ -200,6 +249,22 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         return self._config.timeout
 
     @property
+    def functions(self) -> list[Any]:
+        """The functions the code can import from ``functions_module``."""
+        return list(self._functions)
+
+    @property
+    def functions_module(self) -> str:
+        """The module the functions are written to (``from functions import add``)."""
+        return self._functions_module
+
+    def format_functions_for_prompt(self, prompt_template: str | None = None) -> str:
+        """The functions as stubs for the LLM's prompt (``$module_name``, ``$functions`` in
+        the template; the default is autogen-ext's ``FUNCTION_PROMPT_TEMPLATE``)."""
+        template = self.FUNCTION_PROMPT_TEMPLATE if prompt_template is None else prompt_template
+        return _format_for_prompt(self._function_specs, self._functions_module, template)
+
+    @property
     def cleanup_temp_files(self) -> bool:
         """Whether code files are deleted after each run."""
         if self._config.cleanup_temp_files is not None:
@@ -217,12 +282,13 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         self, code_blocks: list[CodeBlock], cancellation_token: CancellationToken
     ) -> KernelExecCodeResult:
         if not self._started:
-            raise ExecutorNotStarted(
-                "the executor must be started before executing code: await executor.start() "
-                "or use 'async with' (as autogen-ext's executors require)"
-            )
+            if self._must_start:
+                raise ExecutorNotStarted(self._not_started)
+            await self.start()
         if cancellation_token.is_cancelled():
-            raise asyncio.CancelledError("cancelled before the code ran")
+            return self._cancelled("cancelled before the code ran")
+        if not self._functions_ready:
+            await self._load_functions()
         task = asyncio.ensure_future(self._executor.execute_code_blocks(_quietened(code_blocks)))
         cancelled = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -237,13 +303,14 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         except asyncio.CancelledError:
             if not cancelled.is_set():  # our caller was cancelled, not the token
                 task.cancel()
-            raise
+                raise
+            return self._cancelled("the code was stopped by the cancellation token")
         finally:
             finished = task.done() and not task.cancelled() and task.exception() is None
             if finished and self.cleanup_temp_files:
                 _delete_code_files(task.result())
         if cancelled.is_set():
-            raise asyncio.CancelledError("the code was interrupted by the cancellation token")
+            return self._cancelled("the code was interrupted by the cancellation token")
         if result.timed_out and self.raise_on_timeout:
             raise ExecutionTimeout(f"the code ran longer than {self.timeout:g} s: {result.output}")
         output = result.output
@@ -252,10 +319,24 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
         return KernelExecCodeResult(
             exit_code=result.exit_code,
             output=output,
-            output_files=result.output_files,
+            output_files=[Path(name) for name in result.output_files],
             code_file=result.code_file,
             result=result,
         )
+
+    def _cancelled(self, why: str) -> KernelExecCodeResult:
+        """What a cancelled token gives: kernelexec's contract (the ``CodeExecutor``
+        protocol's) raises; a drop-in answers as the class it replaces."""
+        raise asyncio.CancelledError(why)
+
+    async def _load_functions(self) -> None:
+        """Write, install and load the functions (before the first block, as the peers do)."""
+        result = await self._executor.add_functions(self._functions, module=self._functions_module)
+        if self.cleanup_temp_files:
+            _delete_code_files(result)
+        if result.exit_code != 0:
+            raise InvalidBlock(f"Functions failed to load: {result.output}")  # a ValueError
+        self._functions_ready = True
 
     def _stop_block(self, task: asyncio.Future[ExecutionResult], cancelled: asyncio.Event) -> None:
         if task.done():
@@ -272,6 +353,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
     async def start(self) -> None:
         if self._executor.closed and self._owned:
             self._executor = self._build()
+            self._functions_ready = not self._functions  # a new session: load them again
         await self._executor.start()
         self._started = True
 
@@ -282,6 +364,7 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
 
     async def restart(self) -> None:
         await self._executor.restart()
+        self._functions_ready = not self._functions  # a kernel lost the names it had
 
     def _build(self) -> AsyncExecutor:
         options: dict[str, Any] = {"timeout": self._config.timeout, **(self._config.options or {})}
@@ -303,8 +386,154 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
             python=config.python,
             cleanup_temp_files=config.cleanup_temp_files,
             raise_on_timeout=config.raise_on_timeout,
+            functions_module=config.functions_module or DEFAULT_MODULE,
             **(config.options or {}),
         )
+
+
+class LocalCommandLineCodeExecutorConfig(BaseModel):
+    """``LocalCommandLineCodeExecutor``'s configuration, with autogen-ext's field names."""
+
+    timeout: int = 60
+    work_dir: str | None = None
+    functions_module: str = DEFAULT_MODULE
+    cleanup_temp_files: bool = True
+
+
+class LocalCommandLineCodeExecutor(KernelExecCodeExecutor):
+    """Drop-in for autogen-ext's ``LocalCommandLineCodeExecutor``, on kernelexec's local
+    command executor (each block its own process, killed whole at the timeout).
+
+    As there: it runs without ``start()`` (``start()`` and ``stop()`` are accepted), a timeout
+    is a result with exit code 124, code files are deleted after the run
+    (``cleanup_temp_files``), ``functions`` are importable from ``functions_module``, and a
+    cancelled token gives a result with exit code 125 whose output ends with ``Cancelled``
+    (the output of blocks run before it in the same call is not kept). ``virtual_env_context``
+    (``venv.EnvBuilder().ensure_directories(...)``) runs Python blocks with that venv's
+    interpreter and its ``bin`` first on ``PATH``.
+    """
+
+    component_config_schema = LocalCommandLineCodeExecutorConfig  # type: ignore[assignment]
+    component_provider_override = "kernelexec.integrations.autogen.LocalCommandLineCodeExecutor"
+    _must_start = False
+
+    def __init__(
+        self,
+        timeout: int = 60,
+        work_dir: str | Path | None = None,
+        functions: Sequence[Any] = (),
+        functions_module: str = DEFAULT_MODULE,
+        cleanup_temp_files: bool = True,
+        virtual_env_context: SimpleNamespace | None = None,
+    ) -> None:
+        options: dict[str, Any] = {}
+        python = None
+        if virtual_env_context is not None:
+            python = os.path.abspath(virtual_env_context.env_exe)
+            venv_bin = os.path.abspath(virtual_env_context.bin_path)
+            options["env"] = {"PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
+        super().__init__(
+            kind="command",
+            work_dir=work_dir,
+            timeout=timeout,
+            python=python,
+            cleanup_temp_files=cleanup_temp_files,
+            raise_on_timeout=False,
+            functions=functions,
+            functions_module=functions_module,
+            **options,
+        )
+        self._peer_config = LocalCommandLineCodeExecutorConfig(
+            timeout=timeout,
+            work_dir=None if work_dir is None else str(work_dir),
+            functions_module=functions_module,
+            cleanup_temp_files=cleanup_temp_files,
+        )
+
+    @property
+    def timeout(self) -> int:
+        return self._peer_config.timeout
+
+    def _cancelled(self, why: str) -> KernelExecCodeResult:
+        # autogen-ext: the process is terminated and the result says so, exit code 125.
+        return KernelExecCodeResult(exit_code=125, output="\nCancelled")
+
+    def _to_config(self) -> LocalCommandLineCodeExecutorConfig:  # type: ignore[override]
+        return self._peer_config.model_copy()
+
+    @classmethod
+    def _from_config(cls, config: LocalCommandLineCodeExecutorConfig) -> Self:  # type: ignore[override]
+        return cls(**config.model_dump())
+
+
+class JupyterCodeExecutorConfig(BaseModel):
+    """``JupyterCodeExecutor``'s configuration, with autogen-ext's field names."""
+
+    kernel_name: str = "python3"
+    timeout: int = 60
+    output_dir: str | None = None
+
+
+class JupyterCodeExecutor(KernelExecCodeExecutor):
+    """Drop-in for autogen-ext's ``JupyterCodeExecutor``, on kernelexec's local kernel.
+
+    As there: it must be started (``start()`` or ``async with``); images and HTML are saved
+    in ``output_dir`` itself and listed in ``output_files`` as ``Path`` objects, with no line in
+    the text; a timeout raises ``TimeoutError`` (``ExecutionTimeout``); a cancelled token
+    raises ``asyncio.CancelledError`` (the kernel is interrupted and keeps its state). Unlike
+    there, the kernel runs in ``output_dir`` (a temporary folder when none is given, removed
+    at ``stop()``), not in the current directory.
+    """
+
+    component_config_schema = JupyterCodeExecutorConfig  # type: ignore[assignment]
+    component_provider_override = "kernelexec.integrations.autogen.JupyterCodeExecutor"
+
+    def __init__(
+        self,
+        kernel_name: str = "python3",
+        timeout: int = 60,
+        output_dir: str | Path | None = None,
+    ) -> None:
+        options: dict[str, Any] = {"outputs_dir": "."} if output_dir is None else {}
+        if kernel_name != "python3":
+            options["kernel_name"] = kernel_name
+        super().__init__(
+            kind="kernel", timeout=timeout, output_dir=output_dir, raise_on_timeout=True, **options
+        )
+        self._peer_config = JupyterCodeExecutorConfig(
+            kernel_name=kernel_name,
+            timeout=timeout,
+            output_dir=None if output_dir is None else str(output_dir),
+        )
+
+    @property
+    def timeout(self) -> int:
+        return self._peer_config.timeout
+
+    def _to_config(self) -> JupyterCodeExecutorConfig:  # type: ignore[override]
+        return self._peer_config.model_copy()
+
+    @classmethod
+    def _from_config(cls, config: JupyterCodeExecutorConfig) -> Self:  # type: ignore[override]
+        return cls(**config.model_dump())
+
+
+class DockerCommandLineCodeExecutorConfig(BaseModel):
+    """``DockerCommandLineCodeExecutor``'s configuration, with autogen-ext's field names
+    (``image`` None: kernelexec's image)."""
+
+    image: str | None = None
+    container_name: str | None = None
+    timeout: int = 60
+    work_dir: str | None = None
+    bind_dir: str | None = None
+    auto_remove: bool = True
+    stop_container: bool = True
+    functions_module: str = DEFAULT_MODULE
+    extra_volumes: dict[str, dict[str, str]] = {}
+    extra_hosts: dict[str, str] = {}
+    init_command: str | None = None
+    delete_tmp_files: bool = False
 
 
 class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
@@ -313,10 +542,20 @@ class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
 
     Takes autogen-ext's arguments: ``image``, ``container_name``, ``timeout``, ``work_dir``,
     ``bind_dir`` (the work dir's path on the Docker host, for Docker out of Docker),
-    ``auto_remove``, ``stop_container`` and ``delete_tmp_files``. A timeout is a result with
-    exit code 124, as there. ``functions``, ``extra_volumes``, ``extra_hosts``,
-    ``device_requests`` and ``init_command`` are not supported and raise ``NotImplementedError``.
+    ``auto_remove``, ``stop_container``, ``delete_tmp_files``, ``functions`` and
+    ``functions_module``, ``extra_volumes`` (``{host_path: {"bind": path, "mode": "ro"}}``:
+    read-only unless the mode says ``rw``; a host path that does not exist is an error, not a
+    folder made for it), ``extra_hosts``, ``device_requests`` and ``init_command`` (a shell
+    command run once in the container when it starts, and again after ``restart()``; a failure
+    is logged, as the peer's container ignores it). A timeout is a result with exit code 124; a
+    cancelled token gives exit code 1 and ``Code execution was cancelled.``, as there.
     """
+
+    component_config_schema = DockerCommandLineCodeExecutorConfig  # type: ignore[assignment]
+    component_provider_override = "kernelexec.integrations.autogen.DockerCommandLineCodeExecutor"
+    _not_started = (
+        "Container is not running. Must first be started with either start or a context manager."
+    )
 
     def __init__(
         self,
@@ -328,16 +567,28 @@ class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
         bind_dir: str | Path | None = None,
         auto_remove: bool = True,
         stop_container: bool = True,
+        device_requests: list[Any] | None = None,
+        functions: Sequence[Any] = (),
+        functions_module: str = DEFAULT_MODULE,
+        extra_volumes: dict[str, dict[str, str]] | None = None,
+        extra_hosts: dict[str, str] | None = None,
+        init_command: str | None = None,
         delete_tmp_files: bool = False,
-        **unsupported: Any,
     ) -> None:
-        _refuse_unsupported(unsupported)
+        run_kwargs: dict[str, Any] = {}
+        if extra_volumes:
+            run_kwargs["mounts"] = _volume_mounts(extra_volumes)
+        if extra_hosts:
+            run_kwargs["extra_hosts"] = dict(extra_hosts)
+        if device_requests:
+            run_kwargs["device_requests"] = list(device_requests)
         options = docker_peer_options(
             image=image,
             container_name=container_name,
             bind_dir=bind_dir,
             auto_remove=auto_remove,
             stop_container=stop_container,
+            run_kwargs=run_kwargs,
         )
         super().__init__(
             kind="docker-command",
@@ -345,9 +596,30 @@ class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
             timeout=timeout,
             cleanup_temp_files=delete_tmp_files,
             raise_on_timeout=False,
+            functions=functions,
+            functions_module=functions_module,
             **options,
         )
         self._bind_dir = None if bind_dir is None else Path(bind_dir)
+        self._init_command = init_command
+        self._peer_config = DockerCommandLineCodeExecutorConfig(
+            image=image,
+            container_name=container_name,
+            timeout=timeout,
+            work_dir=None if work_dir is None else str(work_dir),
+            bind_dir=None if bind_dir is None else str(bind_dir),
+            auto_remove=auto_remove,
+            stop_container=stop_container,
+            functions_module=functions_module,
+            extra_volumes=dict(extra_volumes or {}),
+            extra_hosts=dict(extra_hosts or {}),
+            init_command=init_command,
+            delete_tmp_files=delete_tmp_files,
+        )
+
+    @property
+    def timeout(self) -> int:
+        return self._peer_config.timeout
 
     @property
     def bind_dir(self) -> Path:
@@ -357,31 +629,64 @@ class DockerCommandLineCodeExecutor(KernelExecCodeExecutor):
     async def execute_code_blocks(
         self, code_blocks: list[CodeBlock], cancellation_token: CancellationToken
     ) -> KernelExecCodeResult:
-        if not self._started:
-            raise ExecutorNotStarted(
-                "Container is not running. Must first be started with either start or a "
-                "context manager."
-            )
-        if not code_blocks:
+        if self._started and not code_blocks:
             raise ValueError("No code blocks to execute.")  # autogen-ext's rule
         return await super().execute_code_blocks(code_blocks, cancellation_token)
 
+    async def start(self) -> None:
+        await super().start()
+        await self._run_init_command()
 
-_UNSUPPORTED = frozenset(
-    {"functions", "functions_module", "extra_volumes", "extra_hosts", "device_requests"}
-    | {"init_command"}
-)
+    async def restart(self) -> None:
+        await super().restart()
+        await self._run_init_command()
+
+    async def _run_init_command(self) -> None:
+        if not self._init_command:
+            return
+        result = await self.executor.execute(self._init_command, "sh")
+        _delete_code_files(result)  # kernelexec's file, not the caller's
+        if result.exit_code != 0:
+            logger.warning("init_command failed (exit %s): %s", result.exit_code, result.output)
+
+    def _cancelled(self, why: str) -> KernelExecCodeResult:
+        # autogen-ext: the command is killed in the container and the result says so.
+        return KernelExecCodeResult(exit_code=1, output="Code execution was cancelled.")
+
+    def _to_config(self) -> DockerCommandLineCodeExecutorConfig:  # type: ignore[override]
+        return self._peer_config.model_copy(deep=True)
+
+    @classmethod
+    def _from_config(cls, config: DockerCommandLineCodeExecutorConfig) -> Self:  # type: ignore[override]
+        return cls(**config.model_dump())
 
 
-def _refuse_unsupported(given: dict[str, Any]) -> None:
-    for name, value in given.items():
-        if name not in _UNSUPPORTED:
-            raise TypeError(f"unexpected keyword argument {name!r}")
-        if value not in (None, [], (), {}, "functions"):
-            raise NotImplementedError(
-                f"{name}= of autogen-ext's DockerCommandLineCodeExecutor is not supported by "
-                "kernelexec's drop-in"
+def _volume_mounts(volumes: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """Bind mounts for ``extra_volumes`` (docker-py's ``volumes=`` form), as the engine's
+    mount dicts: a missing host path fails at start instead of being made by the engine, and
+    a volume is read-only unless its ``mode`` (or ``ro``) says it may be written."""
+    mounts = []
+    for host, spec in volumes.items():
+        target = PurePosixPath(str(spec.get("bind", "")))
+        if not target.is_absolute() or target.is_relative_to(WORKSPACE):
+            raise DockerConfigError(
+                f"extra_volumes: {host!r} needs an absolute 'bind' path outside {WORKSPACE} "
+                f"(the work dir's place): {spec!r}"
             )
+        if PurePosixPath(WORKSPACE).is_relative_to(target):
+            raise DockerConfigError(f"extra_volumes: {target} would hide the work dir {WORKSPACE}")
+        if "ro" in spec:
+            writable = not spec["ro"]
+        else:
+            modes = set(str(spec.get("mode", "ro")).split(","))
+            if not modes & {"ro", "rw"}:
+                raise DockerConfigError(f"extra_volumes: mode must be 'ro' or 'rw': {spec!r}")
+            writable = "rw" in modes
+        source = os.path.abspath(host)
+        mounts.append(
+            {"Target": str(target), "Source": source, "Type": "bind", "ReadOnly": not writable}
+        )
+    return mounts
 
 
 _PYTHON_TAGS = frozenset({"python", "py", "python3"})
@@ -447,9 +752,9 @@ def _python_of(executor: AsyncExecutor) -> str | None:
     return None if python is None else str(python)
 
 
-def _inside(output_dir: Path, work_dir: Path) -> str | None:
-    """``output_dir`` as the executor's ``outputs_dir``: a folder inside ``work_dir`` (None:
-    the work dir itself, where the files go to its default folder)."""
+def _inside(output_dir: Path, work_dir: Path) -> str:
+    """``output_dir`` as the executor's ``outputs_dir``: a folder inside ``work_dir`` (``"."``:
+    the work dir itself)."""
     try:
         relative = output_dir.resolve().relative_to(work_dir.resolve())
     except ValueError:
@@ -457,4 +762,4 @@ def _inside(output_dir: Path, work_dir: Path) -> str | None:
             f"output_dir {output_dir} must be inside work_dir {work_dir}: kernelexec saves "
             "output files inside the work dir"
         ) from None
-    return relative.as_posix() if relative.parts else None
+    return relative.as_posix()

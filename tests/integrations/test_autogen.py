@@ -117,7 +117,7 @@ def test_results_carry_files(portal: BlockingPortal, adapter: Any) -> None:
     result = portal.call(adapter.execute_code_blocks, blocks, CancellationToken())
     assert isinstance(result, KernelExecCodeResult) and result.exit_code == 0
     plot = Path(adapter.work_dir) / "squares.png"
-    assert str(plot) in result.output_files and plot.read_bytes().startswith(b"\x89PNG")
+    assert plot in result.output_files and plot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_plot_through_the_team(portal: BlockingPortal, adapter: Any) -> None:

@@ -278,7 +278,7 @@ def test_html_goes_to_output_files_without_a_line_as_jupyter_code_executor(
 
     peer_result, ours = run(both)
     assert ours.output == peer_result.output  # the text/plain form only
-    [html] = [f for f in ours.output_files if f.endswith(".html")]
+    [html] = [f for f in ours.output_files if f.suffix == ".html"]
     assert "<b>bold</b>" in Path(html).read_text(encoding="utf-8")
     assert [Path(f).suffix for f in peer_result.output_files] == [".html"]
 
