@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._budget import full_value
-from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
+from ._errors import (
+    ExecutionTimeout,
+    KernelDied,
+    KernelExecError,
+    KernelStartFailed,
+    RequestAborted,
+)
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
@@ -563,7 +569,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         gone = await self._gone_while_idle()
         if gone is not None:
             return await self._died(_not_run(block, ""), gone, idle=True)
-        await self._ensure_workspace()
+        try:
+            await self._ensure_workspace()
+        except RequestAborted:
+            return _not_run(block, _ABORTED)  # the kernel refused to go back to its work dir
         code = self._code_for(block)
         self._sent_at = time.time()  # wall clock, as the engine records a container's end
         collector, run = await self._send(block, code, timeout)
@@ -622,15 +631,36 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _run_quietly(self, code: str) -> None:
         """Run kernelexec's own code (not recorded in history, no outputs)."""
-        client = self.backend.client
-        msg_id = client.execute(code, silent=True, store_history=False)
         try:
-            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.startup_timeout)
+            reply = await self._quiet_request(code, None, self.startup_timeout)
         except asyncio.TimeoutError as exc:
             raise KernelStartFailed("the kernel did not run its set-up code") from exc
         if reply.get("status") != "ok":
             detail = f"{reply.get('ename')}: {reply.get('evalue')}"
             raise KernelStartFailed(f"the kernel's set-up code failed ({detail})")
+
+    async def _quiet_request(
+        self, code: str, expressions: dict[str, str] | None, timeout: float
+    ) -> dict[str, Any]:
+        """The reply to kernelexec's own silent request. A kernel in its abort window answers
+        ``aborted`` to it as to a block, having run nothing: sent again once, as a block is;
+        refused twice, ``RequestAborted`` (an "aborted" reply read as a failure said "the
+        set-up code failed" or "no answer")."""
+        client = self.backend.client
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(_ABORT_RETRY_PAUSE)
+            msg_id = client.execute(
+                code,
+                silent=True,
+                store_history=False,
+                user_expressions=expressions or {},
+                stop_on_error=False,
+            )
+            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), timeout)
+            if reply.get("status") != "aborted":
+                return reply
+        raise RequestAborted(f"kernelexec's own request was not run: {_ABORTED}; try again later")
 
     def _file_store(self) -> FileStore:
         if self.backend.shares_work_dir:
@@ -639,12 +669,8 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _evaluate(self, code: str, expression: str) -> str:
         """Run ``code`` silently, then return ``expression``'s text/plain (kernelexec's own)."""
-        client = self.backend.client
-        msg_id = client.execute(
-            code, silent=True, store_history=False, user_expressions={"r": expression}
-        )
         try:
-            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.timeout)
+            reply = await self._quiet_request(code, {"r": expression}, self.timeout)
         except asyncio.TimeoutError as exc:
             raise ExecutionTimeout(f"the kernel did not answer within {self.timeout} s") from exc
         value = (reply.get("user_expressions") or {}).get("r") or {}

@@ -9,6 +9,7 @@ is reported as dead before the next block, which did not run.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from typing import Any
@@ -43,6 +44,29 @@ def _abort_next(n):
     k._aborting = True
 _abort_next({n})
 del _abort_next
+"""
+
+# The same for kernelexec's own requests (silent ones too): the next ``n`` requests with code
+# (not the empty marker the executor may send after a block) are aborted.
+ABORT_OWN = ABORT_NEXT.replace(
+    'if not msg["content"].get("silent"):', 'if msg["content"].get("code"):'
+)
+
+# ipykernel's abort window, opened as a request that failed with stop_on_error opens it, with
+# ``stop_on_error_timeout`` raised to 3 s so that everything sent in those 3 s is aborted:
+# ipykernel 6 (the image's) by its own call; ipykernel 7 closes its window with a message, not
+# a timer, so there a timer closes it.
+OPEN_ABORT_WINDOW = """\
+def _open_window(k=get_ipython().kernel):
+    import threading
+    k.stop_on_error_timeout = 3.0
+    if getattr(k, "shell_channel_thread", None) is None:
+        k._abort_queues()
+    else:
+        k._aborting = True
+        threading.Timer(k.stop_on_error_timeout, setattr, (k, "_aborting", False)).start()
+_open_window()
+del _open_window
 """
 
 
@@ -133,3 +157,27 @@ def test_a_kernel_killed_while_idle_is_told_apart(backend: str, tmp_path: Any) -
         r = ex.execute("import os, signal; print('in', flush=True); os.kill(os.getpid(), 9)")
         assert r.kernel_died and not r.not_run and "while running this block" in r.output
         assert ex.execute("print('usable')").output == "usable\n"
+
+
+@pytest.mark.parametrize("backend", params(KERNELS), indirect=True)
+def test_an_own_request_the_kernel_aborted_once_is_sent_again(ex: Any) -> None:
+    ex.execute("runs = 0")
+    assert ex.execute(ABORT_OWN.format(n=1)).ok
+    # The work dir is gone: kernelexec puts the kernel back in it with a silent request first,
+    # which the kernel aborts; sent again, it runs, and so does the block.
+    shutil.rmtree(ex.work_dir)
+    _follow_up_runs(ex, 0)
+    assert ex.work_dir.is_dir()
+
+
+@pytest.mark.parametrize("backend", params(KERNELS), indirect=True)
+def test_an_own_request_in_a_wide_abort_window_says_not_run(ex: Any) -> None:
+    ex.execute("runs = 0")
+    assert ex.execute(OPEN_ABORT_WINDOW).ok
+    shutil.rmtree(ex.work_dir)
+    r = ex.execute(COUNTED)
+    assert r.not_run and r.exit_code == 1 and not r.kernel_died, r.output
+    assert r.error is not None and r.error.ename == "NotRun", r.error
+    assert r.output.startswith("Not run: the kernel aborted the request twice"), r.output
+    time.sleep(3.5)  # the window closes
+    _follow_up_runs(ex, 0)  # it never ran: the counter is where it was

@@ -58,6 +58,7 @@ EXPECTED = {
     "ProvisionedKernel",
     "ProvisionedOptions",
     "ReentrantCall",
+    "RequestAborted",
     "SessionError",
     "SessionExists",
     "SessionLimitReached",
