@@ -71,7 +71,11 @@ _ECHO_LIMIT = 1024 * 1024  # bytes of fd 1 / fd 2 output a kernel also writes to
 _SETUP_CODE = f"""\
 def _kx_setup():
     import os, sys
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    # A kernel started without PATH (Enterprise Gateway passes none) searches os.defpath; kept
+    # after the bin dir, or "bin:" (an empty entry: the work dir) left no sh, no bash at all.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + (
+        os.environ.get("PATH") or os.defpath
+    )
 
     def fast_lookup():
         # Each display asks eleven formatters for a printer, each looking the object's classes
@@ -292,6 +296,11 @@ def _kx_setup():
                 echo(data)
 
         def watch():
+            # ipykernel 6.29 ties a thread started during a request to that request's header
+            # for good (so the set-up run's): its text went out under that request, shown in
+            # no block. This thread writes for the request running, as ipykernel's own does.
+            for table in ("_thread_to_parent_header", "_thread_to_parent"):
+                getattr(stream, table, {{}}).pop(threading.get_ident(), None)
             while stream._should_watch:
                 try:
                     select.select([r], [], [])
