@@ -181,3 +181,25 @@ def test_an_own_request_in_a_wide_abort_window_says_not_run(ex: Any) -> None:
     assert r.output.startswith("Not run: the kernel aborted the request twice"), r.output
     time.sleep(3.5)  # the window closes
     _follow_up_runs(ex, 0)  # it never ran: the counter is where it was
+
+
+# A line printed after text went to fd 1 (os.write, a child that has ended) comes after that
+# text in the result. Kernels of ipykernel 7 (local, forked, sandboxed); the Docker image's
+# ipykernel 6.17 moves each write through its iopub thread and still mixes some (see docs).
+ORDERED = (
+    "import os, subprocess\n"
+    "for i in range(30):\n"
+    "    print(f'p{i}')\n"
+    "    _ = os.write(1, f'f{i}\\n'.encode())\n"
+    "    if i % 10 == 0: _ = subprocess.run(['echo', f'c{i}'])\n"
+)
+
+
+@pytest.mark.parametrize(
+    "backend", params(("kernel", "fork-kernel", "sandboxed-kernel")), indirect=True
+)
+def test_fd_text_and_prints_keep_the_order_written(ex: Any) -> None:
+    want = "".join(f"p{i}\nf{i}\n" + (f"c{i}\n" if i % 10 == 0 else "") for i in range(30))
+    for _ in range(5):
+        r = ex.execute(ORDERED)
+        assert (r.stdout, r.output) == (want, want)
