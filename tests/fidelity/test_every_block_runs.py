@@ -203,3 +203,25 @@ def test_fd_text_and_prints_keep_the_order_written(ex: Any) -> None:
     for _ in range(5):
         r = ex.execute(ORDERED)
         assert (r.stdout, r.output) == (want, want)
+
+
+@pytest.mark.parametrize("backend", params(("kernel", "docker-kernel")), indirect=True)
+def test_blocks_that_exit_or_leave_a_printing_child_say_so(ex: Any) -> None:
+    r = ex.execute("kept = 1\nprint('before')\nimport sys; sys.exit(3)")
+    assert r.error is not None and r.error.ename == "SystemExit" and not r.kernel_died, r.output
+    assert r.stdout == "before\n" and ex.execute("print(kept)").output == "1\n"
+    # A child forked by the block prints after the block ended: in no block, least of all
+    # the next one.
+    r = ex.execute(
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(0.5); print('KXLATECHILD', flush=True); os._exit(0)\n"
+        "print('parent')"
+    )
+    assert r.ok and r.output == "parent\n", r.output
+    r = ex.execute("import time; time.sleep(1.5); print('next')")
+    assert r.output == "next\n", r.output
+    r = ex.execute("import os; os._exit(0)")
+    assert r.kernel_died and r.state_lost and not r.not_run and r.exit_code == 1, r.output
+    assert "while running this block" in r.output
+    assert ex.execute("print('kept' in dir())").output == "False\n"
