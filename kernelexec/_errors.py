@@ -15,6 +15,8 @@ callers can catch broadly::
     │       └── GatewayAuthError            wrong or missing token
     ├── KernelStartFailed           + RuntimeError
     ├── KernelDied                  + RuntimeError   (only when auto-restart is off)
+    ├── RequestAborted              + RuntimeError   (the kernel refused kernelexec's own request
+    │                                                twice: a file transfer, say)
     ├── ExecutorClosed              + RuntimeError
     ├── ExecutorNotStarted          + RuntimeError, ValueError  (an adapter used before start(),
     │                                                where its peer refuses: autogen-ext)
@@ -82,6 +84,13 @@ class KernelStartFailed(KernelExecError, RuntimeError):
 
 class KernelDied(KernelExecError, RuntimeError):
     """The kernel died and the executor was told not to restart it."""
+
+
+class RequestAborted(KernelExecError, RuntimeError):
+    """The kernel refused (answered ``aborted``, ran nothing) a request of kernelexec's own (a
+    remote file transfer, putting the kernel back in its work dir) twice, 0.2 s apart: ipykernel
+    does so for a while after a request that failed with ``stop_on_error``. Nothing of it ran;
+    trying again later is safe."""
 
 
 class ExecutorClosed(KernelExecError, RuntimeError):

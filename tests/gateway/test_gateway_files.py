@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from gateway_servers import Gateway
 
-from kernelexec import KernelExecutor
+from kernelexec import KernelExecutor, RequestAborted
 
 
 @pytest.fixture
@@ -41,3 +41,39 @@ def test_upload_and_download(
     ex, there = remote
     transfer_roundtrip(ex)
     assert (there / "in" / "copy.bin").is_file()
+
+
+# The kernel aborts the next ``n`` execute requests that carry code (kernelexec's silent file
+# transfers among them), as ipykernel does in the window after a request that failed with
+# stop_on_error; then it runs them again (``_aborting`` is what ipykernel 6 and 7 dispatch read).
+ABORT_OWN = """\
+def _abort_next(n, k=get_ipython().kernel):
+    send, left = k._send_abort_reply, [n]
+
+    def counted(stream, msg, idents):
+        r = send(stream, msg, idents)
+        if msg["content"].get("code"):
+            left[0] -= 1
+            if left[0] == 0:
+                k._aborting = False
+                del k._send_abort_reply
+        return r
+
+    k._send_abort_reply = counted
+    k._aborting = True
+_abort_next({n})
+del _abort_next
+"""
+
+
+def test_a_transfer_the_kernel_aborted_is_sent_again_once(
+    remote: tuple[KernelExecutor, Path],
+) -> None:
+    ex, there = remote
+    assert ex.execute(ABORT_OWN.format(n=1)).ok
+    ex.write_file("once.txt", b"sent again")  # aborted once, sent again
+    assert (there / "once.txt").read_bytes() == b"sent again"
+    assert ex.execute(ABORT_OWN.format(n=2)).ok
+    with pytest.raises(RequestAborted, match="aborted the request twice"):
+        ex.read_file("once.txt")
+    assert ex.read_file("once.txt") == b"sent again"  # nothing stuck: the next one runs

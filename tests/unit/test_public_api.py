@@ -59,6 +59,7 @@ EXPECTED = {
     "ProvisionedKernel",
     "ProvisionedOptions",
     "ReentrantCall",
+    "RequestAborted",
     "SessionError",
     "SessionExists",
     "SessionLimitReached",
