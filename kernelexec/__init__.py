@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._command import AsyncCommandLineExecutor, CommandLineExecutor
     from ._errors import (
         BackendUnavailable,
+        DangerousCommand,
         DockerConfigError,
         DockerUnavailable,
         ExecutionTimeout,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         UnknownExecutor,
         UnsafePath,
+        WorkDirNotFound,
     )
     from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
@@ -86,6 +88,7 @@ _LAZY: dict[str, str] = {
     "DockerCommand": ".backends.docker_command",
     "DockerKernel": ".backends.docker_kernel",
     "DockerOptions": ".backends._docker_options",
+    "DangerousCommand": "._errors",
     "DockerConfigError": "._errors",
     "DockerUnavailable": "._errors",
     "EXECUTOR_NAMES": "._registry",
@@ -134,6 +137,7 @@ _LAZY: dict[str, str] = {
     "SyncExecutor": "._executor",
     "UnknownExecutor": "._errors",
     "UnsafePath": "._errors",
+    "WorkDirNotFound": "._errors",
     "extract_code_blocks": "._extract",
     "make_async_executor": "._registry",
     "make_executor": "._registry",
@@ -156,6 +160,7 @@ __all__ = [
     "CommandLineExecutor",
     "CommandOutcome",
     "DockerCommand",
+    "DangerousCommand",
     "DockerConfigError",
     "DockerKernel",
     "DockerOptions",
@@ -205,6 +210,7 @@ __all__ = [
     "SyncExecutor",
     "UnknownExecutor",
     "UnsafePath",
+    "WorkDirNotFound",
     "__version__",
     "extract_code_blocks",
     "make_async_executor",
