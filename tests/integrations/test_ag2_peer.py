@@ -359,3 +359,33 @@ def test_only_the_local_command_kind_sanitizes_by_default(tmp_path: Path) -> Non
         assert kernel.execute_code_blocks([block]).exit_code == 0
     with AG2CodeExecutor(kind="command", work_dir=tmp_path / "c", sanitize=False) as command:
         assert command.execute_code_blocks([block]).exit_code == 0
+
+
+# -- issue 32.4: fences indented four spaces or more ---------------------------------------------
+
+OVER_INDENTED = (
+    "Steps:\n\n1. Compute:\n\n        ```python\n        x = 6 * 7\n\n        print(x)\n        ```\n"
+    "2. Report:\n         ```bash\n         echo done\n         ```\n"
+    "3. Top level, four spaces:\n\n    ```sh\n    echo top\n    ```\n"
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_over_indented_fences_are_found_as_ag2_finds_them(kind: str, tmp_path: Path) -> None:
+    """AG2's regular expression finds these fences; CommonMark reads them as indented code
+    (kernelexec found none: the agent replied '' and ran nothing). The adapter finds the same
+    blocks, each line without the fence's indent (AG2 keeps it: its Python fails to compile)."""
+    import textwrap
+
+    theirs = MarkdownCodeExtractor().extract_code_blocks(OVER_INDENTED)
+    with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "ours", timeout=60) as adapter:
+        ours = adapter.code_extractor.extract_code_blocks(OVER_INDENTED)
+        assert [b.language for b in ours] == [b.language for b in theirs] == ["python", "bash", "sh"]
+        assert [b.code for b in ours] == [textwrap.dedent(b.code) for b in theirs]
+        result = adapter.execute_code_blocks(ours)
+        assert result.exit_code == 0 and result.output.split() == ["42", "done", "top"]
+    # The same reply through a chat: the executor agent runs them.
+    with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "chat", timeout=60) as adapter:
+        heard = ag2_chat(adapter, "compute", OVER_INDENTED, flows.DONE)
+    assert heard[0].startswith("exitcode: 0 (execution succeeded)")
+    assert heard[0].split()[-3:] == ["42", "done", "top"]
