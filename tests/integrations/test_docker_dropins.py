@@ -381,18 +381,32 @@ def test_autogen_drop_in_side_by_side_with_autogen_exts_docker_executor(tmp_path
     assert Path(theirs[0].code_file).suffix == ".python" and Path(ours[0].code_file).suffix == ".py"
 
 
-def test_the_peers_cannot_run_python_on_the_plain_kernelexec_image(tmp_path: Path) -> None:
-    """The named difference on ``kernelexec/python`` itself: it has ``python3`` and no
-    ``python``, which both peers call; the drop-ins run ``python3`` and work. Shell blocks agree."""
+def test_the_peers_run_python_on_the_kernelexec_image_once_rebuilt(tmp_path: Path) -> None:
+    """The peers call ``python``; the kernelexec image's recipe now links it (issue 32). An
+    image built from an older recipe has ``python3`` only: the peer's Python fails there (127)
+    while the drop-ins run ``python3``. Shell blocks agree either way."""
+    import docker
     from autogen.coding import DockerCommandLineCodeExecutor as Peer
 
+    from kernelexec._image import LABEL_RECIPE, recipe_hash
+
+    client = docker.from_env()
+    try:
+        current = client.images.get(DEFAULT_IMAGE).labels.get(LABEL_RECIPE) == recipe_hash(
+            offline=True
+        )
+    finally:
+        client.close()
     blocks = [AG2Block(code="print(1)", language="python"), AG2Block(code="echo 1", language="sh")]
     results = {}
     for side, make in (("peer", Peer), ("ours", ag2.DockerCommandLineCodeExecutor)):
         with make(image=DEFAULT_IMAGE, work_dir=peer_work_dir(tmp_path / side)) as executor:
             results[side] = [executor.execute_code_blocks([b]) for b in blocks]
     (peer_py, peer_sh), (our_py, our_sh) = results["peer"], results["ours"]
-    assert peer_py.exit_code == 127 and "python" in peer_py.output
+    if current:
+        assert (peer_py.exit_code, peer_py.output) == (0, "1\n")
+    else:
+        assert peer_py.exit_code == 127 and "python" in peer_py.output
     assert (our_py.exit_code, our_py.output) == (0, "1\n")
     assert (our_sh.exit_code, our_sh.output) == (peer_sh.exit_code, peer_sh.output) == (0, "1\n")
 
