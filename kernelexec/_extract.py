@@ -184,7 +184,6 @@ def _dedent(line: str, width: int) -> str:
     return " " * max(column - width, 0) + line[index:]
 
 
-
 def _tag_word(tag: str) -> str:
     """The info string's first word as written: ``"{.Python}"`` -> ``"Python"``."""
     word = tag.strip().lstrip("{.").split(maxsplit=1)[0] if tag.strip() else ""

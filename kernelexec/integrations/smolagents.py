@@ -90,7 +90,9 @@ class KernelExecPythonExecutor(RemotePythonExecutor):  # type: ignore[misc]
         if not result.ok:
             # The printed text is in ``state`` (the step's "Execution logs:"); the error text
             # is what kernelexec's output holds after it: the traceback, or the timeout note.
-            raise AgentError(f"Executing code yielded an error:\n{_error_text(result)}", self.logger)
+            raise AgentError(
+                f"Executing code yielded an error:\n{_error_text(result)}", self.logger
+            )
         return CodeOutput(output=_last_value(result.outputs), logs=logs, is_final_answer=False)
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:

@@ -364,7 +364,8 @@ def test_only_the_local_command_kind_sanitizes_by_default(tmp_path: Path) -> Non
 # -- issue 32.4: fences indented four spaces or more ---------------------------------------------
 
 OVER_INDENTED = (
-    "Steps:\n\n1. Compute:\n\n        ```python\n        x = 6 * 7\n\n        print(x)\n        ```\n"
+    "Steps:\n\n1. Compute:\n\n"
+    "        ```python\n        x = 6 * 7\n\n        print(x)\n        ```\n"
     "2. Report:\n         ```bash\n         echo done\n         ```\n"
     "3. Top level, four spaces:\n\n    ```sh\n    echo top\n    ```\n"
 )
@@ -380,7 +381,9 @@ def test_over_indented_fences_are_found_as_ag2_finds_them(kind: str, tmp_path: P
     theirs = MarkdownCodeExtractor().extract_code_blocks(OVER_INDENTED)
     with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "ours", timeout=60) as adapter:
         ours = adapter.code_extractor.extract_code_blocks(OVER_INDENTED)
-        assert [b.language for b in ours] == [b.language for b in theirs] == ["python", "bash", "sh"]
+        assert (
+            [b.language for b in ours] == [b.language for b in theirs] == ["python", "bash", "sh"]
+        )
         assert [b.code for b in ours] == [textwrap.dedent(b.code) for b in theirs]
         result = adapter.execute_code_blocks(ours)
         assert result.exit_code == 0 and result.output.split() == ["42", "done", "top"]

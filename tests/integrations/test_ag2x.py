@@ -171,7 +171,9 @@ def test_a_missing_work_dir_chain_is_made_as_ag2_1x(tmp_path: Path) -> None:
     classic AG2: a 1.x user asked for it, so kernelexec does the same here."""
     peer = peer_run(tmp_path / "peer" / "a" / "b", "print(1)", "python")
     ours = ours_run(tmp_path / "ours" / "a" / "b", "print(1)", "python")
-    assert (peer.exit_code, peer.output.strip()) == (ours.exit_code, ours.output.strip()) == (0, "1")
+    assert (
+        (peer.exit_code, peer.output.strip()) == (ours.exit_code, ours.output.strip()) == (0, "1")
+    )
     assert (tmp_path / "peer" / "a" / "b").is_dir() and (tmp_path / "ours" / "a" / "b").is_dir()
 
 

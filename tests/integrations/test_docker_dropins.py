@@ -491,7 +491,10 @@ def test_ag2_container_create_kwargs_environment_and_labels_as_ag2(tmp_path: Pat
     from kernelexec.backends._owner import OWNER_LABEL
 
     forged = {OWNER_LABEL: "forged", LABEL_SESSION: "forged"}
-    create = {"environment": {"GREETING": "hi", "HOME": "/work"}, "labels": {"team": "kx", **forged}}
+    create = {
+        "environment": {"GREETING": "hi", "HOME": "/work"},
+        "labels": {"team": "kx", **forged},
+    }
     block = AG2Block(code='echo "$GREETING $HOME"', language="sh")
     client = docker.from_env()
     seen = {}
@@ -517,15 +520,17 @@ def test_ag2_container_create_kwargs_environment_and_labels_as_ag2(tmp_path: Pat
 def test_ag2_docker_work_dir_missing_parent_as_ag2(tmp_path: Path) -> None:
     """AG2's Docker executor makes the work dir, not its parents: FileNotFoundError, nothing
     made, nothing handed to the container user, no container left."""
+    import os
+
     import docker
     from autogen.coding import DockerCommandLineCodeExecutor as Peer
-
-    import os
 
     client = docker.from_env()
 
     def ours_or_peers() -> set[str]:  # other processes' containers come and go meanwhile
-        mine = client.containers.list(all=True, filters={"label": f"kernelexec.owner_pid={os.getpid()}"})
+        mine = client.containers.list(
+            all=True, filters={"label": f"kernelexec.owner_pid={os.getpid()}"}
+        )
         peers = client.containers.list(all=True, filters={"name": "autogen-code-exec-"})
         return {c.id for c in [*mine, *peers]}
 
