@@ -208,6 +208,7 @@ def test_relative_python_is_resolved_against_the_callers_cwd(
 ) -> None:
     relative = relative_python(form, tmp_path, monkeypatch)
     block = [CodeBlock(code="import sys\nprint(sys.prefix)", language="python")]
+    (tmp_path / "deep").mkdir()  # AG2 makes the work dir, not its parents (issue 32.2)
     with AG2CodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "deep" / "work") as ours:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
         result = ours.execute_code_blocks(block)
