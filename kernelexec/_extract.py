@@ -118,34 +118,52 @@ def _protect(message: str) -> tuple[str, dict[str, str]]:
 _OPENING = re.compile(r"^([ \t]*)(`{3,}|~{3,})(.*)$")
 
 
+# Parses afresh after an over-indented fence whose lines CommonMark read as another fence:
+# each costs a parse of the rest of the message, so a message crafted to need many would
+# take quadratic time; past this many, such a fence's rest is read as CommonMark reads it.
+_MAX_REPARSES = 16
+
+
 def _fences(message: str) -> Iterable[tuple[str, str]]:
     """Yield (info string, content) for each fenced block in ``message``."""
     text, restore = _protect(message)
     lines = text.split("\n")
+    found: list[tuple[str, str]] = []
     start: int | None = 0
+    reparses = 0
     while start is not None:
-        found: list[tuple[str, str]] = []
-        start = _fences_from(lines, start, found)
-        for info, code in found:
-            for stand_in, char in restore.items():
-                info, code = info.replace(stand_in, char), code.replace(stand_in, char)
-            yield info, code
+        start = _fences_from(lines, start, found, resync=reparses < _MAX_REPARSES)
+        reparses += 1
+    for info, code in found:
+        for stand_in, char in restore.items():
+            info, code = info.replace(stand_in, char), code.replace(stand_in, char)
+        yield info, code
 
 
-def _fences_from(lines: list[str], start: int, found: list[tuple[str, str]]) -> int | None:
-    """Add the fences of ``lines[start:]`` to ``found`` up to the end of the first over-indented
-    one (see the module's docstring); the line to go on from then (None: the end). CommonMark
-    read that fence's lines otherwise, so what follows it is parsed afresh."""
+def _fences_from(
+    lines: list[str], start: int, found: list[tuple[str, str]], *, resync: bool
+) -> int | None:
+    """Add the fences of ``lines[start:]`` to ``found``: CommonMark's, and the over-indented
+    ones (see the module's docstring) in its paragraphs and indented code blocks. Returns the
+    line to parse afresh from when CommonMark read an over-indented fence's closing line as the
+    start of a fence of its own (None: done)."""
+    consumed = start  # lines before this one are read (an over-indented fence's included)
     for token in _parser().parse("\n".join(lines[start:])):
+        if not token.map:
+            continue
+        first, end = start + token.map[0], start + token.map[1]
         if token.type == "fence":
-            code = token.content
-            found.append((token.info.strip(), code[:-1] if code.endswith("\n") else code))
-        elif token.type in ("paragraph_open", "code_block") and token.map:
-            over = _indented_fence(lines, start + token.map[0], start + token.map[1])
-            if over is not None:
-                info, code, after = over
+            if first >= consumed:
+                code = token.content
+                found.append((token.info.strip(), code[:-1] if code.endswith("\n") else code))
+            elif end > consumed and resync:
+                return consumed
+        elif token.type in ("paragraph_open", "code_block") and end > consumed:
+            at = max(first, consumed)
+            while (over := _indented_fence(lines, at, end)) is not None:
+                info, code, at = over
                 found.append((info, code))
-                return after if after < len(lines) else None
+                consumed = at
     return None
 
 

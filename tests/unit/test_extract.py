@@ -87,6 +87,26 @@ def test_an_indented_fence_closes_at_any_indent_and_parsing_goes_on_after_it() -
     ]
 
 
+def test_several_indented_fences_in_one_paragraph_are_all_found() -> None:
+    message = "Do:\n    ```python\n    x = 1\n    ```\n    ```sh\n    echo 2\n    ```\nthen"
+    assert extract_code_blocks(message) == [
+        CodeBlock(code="x = 1", language="python"),
+        CodeBlock(code="echo 2", language="shell"),
+    ]
+
+
+def test_many_indented_fences_take_linear_time() -> None:
+    """Each over-indented fence is read once: a long reply of them is not a quadratic parse
+    (this took about half a minute for 1000 fences when each one re-parsed the rest)."""
+    import time
+
+    steps = "".join(f"step {i}:\n    ```python\n    x = {i}\n    ```\n" for i in range(1000))
+    started = time.perf_counter()
+    blocks = extract_code_blocks(steps)
+    assert [b.code for b in blocks] == [f"x = {i}" for i in range(1000)]
+    assert time.perf_counter() - started < 10  # about 0.1 s; generous for a loaded machine
+
+
 def test_an_indented_fence_keeps_the_bodys_tabs_past_its_indent() -> None:
     assert extract_code_blocks("    ```python\n    \tx = 1\n      y\n    ```") == [
         CodeBlock(code="\tx = 1\n  y", language="python")
