@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._command import AsyncCommandLineExecutor, CommandLineExecutor
     from ._errors import (
         BackendUnavailable,
+        DangerousCommand,
         DockerConfigError,
         DockerUnavailable,
         ExecutionTimeout,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         UnknownExecutor,
         UnsafePath,
+        WorkDirNotFound,
     )
     from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
@@ -88,6 +90,7 @@ _LAZY: dict[str, str] = {
     "DockerCommand": ".backends.docker_command",
     "DockerKernel": ".backends.docker_kernel",
     "DockerOptions": ".backends._docker_options",
+    "DangerousCommand": "._errors",
     "DockerConfigError": "._errors",
     "DockerUnavailable": "._errors",
     "EXECUTOR_NAMES": "._registry",
@@ -138,6 +141,7 @@ _LAZY: dict[str, str] = {
     "SyncExecutor": "._executor",
     "UnknownExecutor": "._errors",
     "UnsafePath": "._errors",
+    "WorkDirNotFound": "._errors",
     "extract_code_blocks": "._extract",
     "make_async_executor": "._registry",
     "make_executor": "._registry",
@@ -159,6 +163,7 @@ __all__ = [
     "CommandBackend",
     "CommandLineExecutor",
     "CommandOutcome",
+    "DangerousCommand",
     "DockerCommand",
     "DockerConfigError",
     "DockerKernel",
@@ -211,6 +216,7 @@ __all__ = [
     "SyncExecutor",
     "UnknownExecutor",
     "UnsafePath",
+    "WorkDirNotFound",
     "__version__",
     "extract_code_blocks",
     "make_async_executor",

@@ -29,6 +29,10 @@ callers can catch broadly::
     ├── FileTooLarge                + ValueError     (a file past the files API's size limit)
     ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
     ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
+    │   └── WorkDirNotFound             + FileNotFoundError: an adapter's work dir whose parent
+    │                                   is missing (AG2 makes one folder, never a chain)
+    ├── DangerousCommand            + ValueError     (a shell command refused by the AG2
+    │                                                adapter, as AG2's sanitize_command does)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
@@ -137,6 +141,16 @@ class InvalidTimeout(KernelExecError, ValueError):
 
 class InvalidWorkDir(KernelExecError, ValueError):
     """The work dir cannot be used: it is an existing file, or it cannot be created."""
+
+
+class WorkDirNotFound(InvalidWorkDir, FileNotFoundError):
+    """An adapter's work dir whose parent does not exist: the AG2 drop-ins make the folder
+    itself, as AG2 does, never the folders above it."""
+
+
+class DangerousCommand(KernelExecError, ValueError):
+    """A shell command the AG2 adapter refuses before running anything of it, as AG2's
+    ``LocalCommandLineCodeExecutor.sanitize_command`` does (``rm -rf``, ``dd``, ...)."""
 
 
 class NotebookError(KernelExecError, ValueError):

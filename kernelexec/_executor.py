@@ -40,6 +40,7 @@ from ._functions import (
     loader_code,
     module_source,
 )
+from ._guard import REFUSAL, dangerous_command, shell_part
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
@@ -67,6 +68,10 @@ class ExecutorOptions:
     #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir ("." the work
     #: dir itself); None: not saved as files (they stay in ``outputs`` and the session notebook)
     outputs_dir: str | None = "outputs"
+    #: refuse shell commands that wreck the host (``rm -rf``, ``dd``, a fork bomb...: AG2's
+    #: list, see ``_guard``) before running a block: a guard-rail against an LLM's careless
+    #: command, not a sandbox (a determined block gets past it)
+    refuse_dangerous: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +181,7 @@ class AsyncExecutor(ABC):
         on_output: OutputCallback | None = None,
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
+        refuse_dangerous: bool = False,
     ) -> None:
         self.options = ExecutorOptions(
             timeout=check_timeout(timeout),
@@ -185,6 +191,7 @@ class AsyncExecutor(ABC):
             # "." is the work dir itself (where autogen-ext's Jupyter executor saves them);
             # an empty name is a mistake, not a way to say it.
             outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
+            refuse_dangerous=bool(refuse_dangerous),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
@@ -499,6 +506,16 @@ class AsyncExecutor(ABC):
             return error_result(
                 f"Block refused: the code holds a NUL byte (line {line}); nothing was run.",
                 language=language,
+                not_run=True,
+            )
+        why = None
+        if self.options.refuse_dangerous:
+            why = dangerous_command(shell_part(block.code, language))
+        if why is not None:
+            return error_result(
+                f"Block refused: {REFUSAL}{why} (refuse_dangerous=True); nothing was run.",
+                language=language,
+                ename="DangerousCommand",
                 not_run=True,
             )
         target = None
