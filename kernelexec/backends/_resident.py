@@ -9,6 +9,7 @@ spawner is killed (no freeze when nothing is left, the usual case).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -74,9 +75,13 @@ class Spawner:
         """Ask for ``argv`` to be started; the reply comes on the status pipe (``fds[0]``)."""
         body = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
         head = len(body).to_bytes(8, "big")
+        fds_data = array.array("i", fds).tobytes()
         with self._lock:  # one request at a time on the stream
-            socket.send_fds(self._sock, [head], list(fds))
-            self._sock.sendall(body)
+            # one call, the file descriptors riding with the first byte; the rest if it was cut
+            sent = self._sock.sendmsg(
+                [head + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds_data)]
+            )
+            self._sock.sendall((head + body)[sent:])
 
     def sweep(self) -> None:
         """Kill every process in the cgroup but the spawner (nothing to do when none is left)."""
