@@ -424,7 +424,7 @@ COLUMNS = (
     "p90",
     "max",
     "session",
-    "peak mem",
+    "peak mem (RSS)",
     "p50 / floor",
 )
 
