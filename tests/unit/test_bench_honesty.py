@@ -102,3 +102,40 @@ def test_ag2_on_another_interpreter_is_not_comparable(tmp_path: Path) -> None:
     other.symlink_to(os.path.realpath(BenchContext().python))
     reason = _ag2_python_check(BenchContext(python=str(other)))
     assert reason is not None and reason.startswith("not comparable"), reason
+
+
+def test_the_displays_block_times_itself_and_the_target_divides_by_that() -> None:
+    """The 10,000 display() target: the host's time for the block over what the code itself
+    spent making them, timed inside the same block."""
+    import subprocess
+    import sys
+
+    from kernelexec.bench import report
+    from kernelexec.bench.runner import _self_time
+    from kernelexec.bench.workloads import outputs
+
+    show = outputs(quick=True).stateful[0]
+    assert show.self_time
+    ran = subprocess.run(
+        [sys.executable, "-c", show.code], capture_output=True, text=True, check=True, timeout=60
+    )
+    inside = _self_time(ran.stdout)
+    assert inside is not None and 0 < inside < 60, ran.stdout[-200:]
+    results = _results()
+    row = RowResult(
+        workload="outputs",
+        executor="kernel",
+        label="kernel",
+        group="kernelexec",
+        stateful=True,
+        floor=None,
+        status="ok",
+    )
+    row.sessions = [
+        SessionRecord(block_s=[1.2, 0.5], metrics={"over_self_block1": v}) for v in (1.1, 1.2, 1.6)
+    ]
+    results.rows.append(row)
+    check = {t.name: t for t in report.targets(results)}[
+        "outputs: displays vs the kernel's own cost"
+    ]
+    assert check.value == pytest.approx(1.2) and check.met is True
