@@ -78,6 +78,12 @@ class LocalCommand(CommandBackend):
         # cgroup containment: a resident spawner in a cgroup made once (see ``_resident``)
         self._spawner: Spawner | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The resident spawner's pid (cgroup containment, once a block has run), else None:
+        the one process of this back end that outlives a block, until ``close()``."""
+        return self._spawner.pid if self._spawner is not None else None
+
     def supported_languages(self) -> Sequence[str]:
         return ("python", "shell", "powershell") if self._pwsh else ("python", "shell")
 
