@@ -62,7 +62,14 @@ class Spawner:
         self._finalizer = weakref.finalize(self, _stop, ours, self._proc, jail, self._owner)
 
     def alive(self) -> bool:
-        return os.getpid() == self._owner and self._proc.poll() is None
+        """Running and able to answer: a block may have killed or stopped it (SIGSTOP)."""
+        if os.getpid() != self._owner or self._proc.poll() is not None:
+            return False
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return True  # no /proc to tell: a stuck one is caught by the block's timeout
+        return stat.rsplit(")", 1)[1].split()[0] not in {"T", "t"}
 
     def spawn(
         self,

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .._errors import BackendUnavailable
 from . import _containment
@@ -204,7 +205,14 @@ class LocalCommand(CommandBackend):
                 pipe, reader = readers.pop(0)
                 transport, _ = await loop.connect_read_pipe(functools.partial(_same, reader), pipe)
                 transports.append(transport)
-            pid = await status.started
+            if not await _settle(status.started, timeout):
+                # The spawner does not answer (a block stopped it): it goes, with its cgroup
+                # and all in it; the next block gets a new one.
+                spawner.close()
+                for transport in transports:
+                    transport.close()
+                return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
+            pid = status.started.result()
         except BaseException:
             spawner.sweep()
             for pipe, _ in readers:
@@ -334,7 +342,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _settle(future: asyncio.Future[None], timeout: float) -> bool:
+async def _settle(future: asyncio.Future[Any], timeout: float) -> bool:
     """Wait up to ``timeout`` s for ``future``; True if it completed (never cancels it)."""
     if not future.done():
         await asyncio.wait([future], timeout=timeout)

@@ -101,3 +101,15 @@ def test_exit_codes_and_signals_read_as_from_a_direct_child(ex: CommandLineExecu
     assert ex.execute("import sys; sys.exit(3)").exit_code == 3
     killed = ex.execute(f"import os; os.kill(os.getpid(), {int(signal.SIGTERM)})")
     assert killed.exit_code == 128 + signal.SIGTERM and "SIGTERM" in killed.output
+
+
+def test_a_block_that_stops_the_spawner_leaves_nothing_stuck(ex: CommandLineExecutor) -> None:
+    """SIGSTOP on the spawner: that block can no longer be told done and ends at its timeout;
+    the next block finds the spawner stopped and gets a new one (the old one killed)."""
+    assert ex.execute("print(1)").ok
+    stopped = ex.backend._spawner.pid  # type: ignore[attr-defined]
+    late = ex.execute(f"import os, signal; os.kill({stopped}, signal.SIGSTOP)", timeout=3)
+    assert late.timed_out, late.output
+    assert ex.execute("print('usable')").output == "usable\n"
+    assert ex.backend._spawner.pid != stopped  # type: ignore[attr-defined]
+    assert gone_within(stopped)  # killed with its cgroup, not left stopped
