@@ -49,7 +49,7 @@ from ._docker import (
     prepare_host_dir,
 )
 from ._docker_relay import RELAY_SCRIPT, Relay
-from ._iopub import receive_batch
+from ._iopub import receive_batch, receive_one
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 
@@ -562,6 +562,11 @@ class _BlockClient(AsyncKernelClient):
         for msg in msgs:
             self._note(msg)
         return msgs
+
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next shell reply, decoded as IOPub is: a huge error reply (its traceback and
+        value) is held once, as received, not copied and decoded whole (jupyter_client's)."""
+        return await receive_one(self.session, self.shell_channel.socket, timeout)
 
     def _note(self, msg: dict[str, Any]) -> None:
         if (
