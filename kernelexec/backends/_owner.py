@@ -37,7 +37,10 @@ _INIT_PID_NS = "pid:[4026531836]"
 _MAX_RECORD = 4096
 #: the private temp folders a local and a forked kernel make (their sockets, connection file,
 #: log); ``sweep_temp_folders`` looks at these names only, never at a work dir in the temp folder
-TEMP_PREFIXES = ("kernelexec-ipc-", "kernelexec-fork-")
+TEMP_PREFIXES = ("kernelexec-ipc-", "kernelexec-fork-", "kernelexec-run-link-")
+#: a Docker kernel's short alias to its runtime folder (a deep ``bind_dir`` work dir's): a
+#: folder with a record and one link in it (``docker_kernel.short_alias``)
+ALIAS_PREFIX = TEMP_PREFIXES[2]
 #: a provisioned kernel's launcher log, a file whose first line is its owner's record
 LAUNCHER_LOG_PREFIX = "kernelexec-launcher-"
 OWNER_LINE = "kernelexec-owner: "
@@ -149,8 +152,9 @@ def read_folder_owner(dir_fd: int) -> Owner | None:
 
 
 def sweep_temp_folders(*, dry_run: bool = False, base: str | None = None) -> list[str]:
-    """Remove kernelexec's private temp folders (``kernelexec-ipc-*``, ``kernelexec-fork-*``)
-    whose owner is gone; the paths removed (or, with ``dry_run``, that would be).
+    """Remove kernelexec's private temp folders (``kernelexec-ipc-*``, ``kernelexec-fork-*``,
+    ``kernelexec-run-link-*``) whose owner is gone; the paths removed (or, with ``dry_run``,
+    that would be).
 
     Only real folders directly in the temp folder, owned by this user and holding a record of
     ours: a link of the same name (to ``/etc``, say) is never followed, another user's folder

@@ -50,6 +50,7 @@ from ._docker import (
 )
 from ._docker_relay import RELAY_SCRIPT, Relay
 from ._iopub import receive_batch, receive_one
+from ._owner import ALIAS_PREFIX, OWNER_FILE, mark_folder
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 
@@ -383,10 +384,7 @@ class DockerKernel(KernelBackend):
         if len(str(self._runtime / "kernel-5")) <= 100:
             return self._runtime
         if self._alias is None:
-            alias = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX + "link-"))
-            alias.rmdir()
-            alias.symlink_to(self._runtime, target_is_directory=True)
-            self._alias = alias
+            self._alias = short_alias(self._runtime)
         return self._alias
 
     async def _start_relay(self) -> None:
@@ -525,8 +523,8 @@ class DockerKernel(KernelBackend):
         finally:
             if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
-            if alias is not None and not kept:
-                alias.unlink(missing_ok=True)
+            if alias is not None:
+                drop_alias(alias, kept=kept)
 
 
 class _BlockClient(AsyncKernelClient):
@@ -575,6 +573,30 @@ class _BlockClient(AsyncKernelClient):
             and msg["parent_header"].get("msg_id") == self._block_msg_id
         ):
             self.block_marked, self._block_msg_id = False, None
+
+
+def short_alias(target: Path) -> Path:
+    """A short path to ``target``: a link ``k`` in a private temp folder of its own, which
+    carries this process's owner record (``kernelexec gc`` removes it once the process is
+    gone; a bare link could carry none)."""
+    folder = Path(tempfile.mkdtemp(prefix=ALIAS_PREFIX))
+    mark_folder(folder)
+    alias = folder / "k"
+    alias.symlink_to(target, target_is_directory=True)
+    return alias
+
+
+def drop_alias(alias: Path, *, kept: bool) -> None:
+    """Remove a ``short_alias`` folder; for a kept kernel, keep it (its connection file names
+    the sockets through it) but drop its record, so ``kernelexec gc`` leaves it alone."""
+    folder = alias.parent
+    if not folder.name.startswith(ALIAS_PREFIX):
+        return
+    if kept:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / OWNER_FILE)
+        return
+    shutil.rmtree(folder, ignore_errors=True)  # unlinks the link ``k``, never its target
 
 
 def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:

@@ -275,3 +275,47 @@ def test_gc_removes_a_launcher_made_container_only_with_a_dead_owners_record(
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
         client.close()
+
+
+def test_gc_removes_a_dead_owners_runtime_alias_never_its_target(
+    tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Docker kernel with a deep ``bind_dir`` work dir names its sockets through a short
+    alias in the temp folder (``kernelexec-run-link-*``): a folder with the owner's record and
+    one link. Its owner gone, gc removes the folder; the runtime folder it points at (in the
+    work dir) stays; a live owner's alias and a bare link of that name stay."""
+    from kernelexec.backends.docker_kernel import drop_alias, short_alias
+
+    runtime = Path(tempfile.mkdtemp(dir=tmp))
+    (runtime / "kernel-1").write_text("socket stand-in")
+    made = subprocess.run(  # its owner: a process that is gone when gc runs
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from kernelexec.backends.docker_kernel import short_alias; "
+            "print(short_alias(Path(sys.argv[1])))",
+            str(runtime),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp),
+        check=True,
+        timeout=60,
+    )
+    dead = Path(made.stdout.strip())
+    assert dead.parent.parent == Path(tmp) and dead.is_symlink()
+    assert (dead / "kernel-1").read_text() == "socket stand-in"
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    live = short_alias(runtime)  # this process: alive
+    bare = Path(tmp, "kernelexec-run-link-bare")
+    bare.symlink_to(runtime, target_is_directory=True)
+
+    would = _line(_gc(tmp, "--dry-run"), "temp folder(s)")
+    assert would.partition(": ")[2].split() == [str(dead.parent)], would
+    _gc(tmp)
+    assert not os.path.lexists(dead.parent)
+    assert (runtime / "kernel-1").read_text() == "socket stand-in"  # the target: untouched
+    assert live.is_symlink() and bare.is_symlink()
+    drop_alias(live, kept=False)
+    assert not os.path.lexists(live.parent) and runtime.is_dir()

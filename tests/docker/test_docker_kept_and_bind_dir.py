@@ -223,3 +223,22 @@ def test_kernel_container_removed_from_outside_is_said_and_replaced(
         assert r.kernel_died and r.state_lost
         assert "container was removed from outside" in r.output
         assert ex.execute("print('back')").output == "back\n"
+
+
+def test_a_deep_bind_dir_names_its_sockets_through_an_alias_gc_can_judge(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A work dir too deep for a unix socket's path: the sockets are reached through a short
+    alias in the temp folder, a folder carrying this process's owner record (so ``kernelexec
+    gc`` can collect it once the process is gone), removed at close."""
+    from kernelexec.backends._owner import ALIAS_PREFIX, OWNER_FILE, Owner, this_process
+
+    work = tmp_path / ("d" * 60) / ("e" * 60)
+    with make("kernel", work, bind_dir=str(work)) as ex:
+        assert ex.execute("print(6 * 7)").output == "42\n"
+        alias = ex.backend._alias  # type: ignore[attr-defined]
+        assert alias is not None and alias.parent.name.startswith(ALIAS_PREFIX)
+        assert alias.is_symlink() and not alias.parent.is_symlink()
+        record = Owner.from_text((alias.parent / OWNER_FILE).read_text())
+        assert record == this_process()
+    assert not os.path.lexists(alias.parent)
