@@ -399,7 +399,7 @@ class OutputCollector:
             display.omitted[mime] = size if isinstance(value, str) else None
             form = display.forms.get(mime)
             if form is not None:
-                self._save_one(display, mime, form, full_value(value))
+                self._save_one(display, mime, form, value)  # streamed: LongTexts stay whole
         display.out["data"] = data
         meta = display.out["metadata"]  # fresh from the message: no note of an earlier update
         if display.omitted:
@@ -801,20 +801,52 @@ _END = object()
 def _write_payload(door: Door, path: Path, payload: Any, encoding: str) -> str | None:
     """Write one MIME payload; None when written, else why not (it cannot be decoded, or the
     door refuses its place: a link planted on the way), said in the result."""
+    if encoding == "json":
+        chunks: Iterator[bytes] = iter([json.dumps(full_value(payload), indent=1).encode()])
+    elif encoding == "base64":
+        chunks = _b64_chunks(_payload_pieces(payload))
+    else:
+        chunks = (p.encode("utf-8", errors="replace") for p in _payload_pieces(payload))
     try:
-        if encoding == "base64":
-            raw = base64.b64decode(_as_text(payload), validate=False)
-        elif encoding == "json":
-            raw = json.dumps(payload, indent=1).encode()
-        else:
-            raw = _as_text(payload).encode("utf-8", errors="replace")
+        with door.replacing(path) as handle:  # a piece at a time: no whole copy of a payload
+            for chunk in chunks:
+                handle.write(chunk)
+    except KernelExecError as exc:  # first: the tree's errors are built-ins too (ValueError)
+        return _one_line(str(exc))
     except (binascii.Error, ValueError, TypeError) as exc:
         return f"its {encoding} payload cannot be decoded ({type(exc).__name__})"
-    try:
-        door.write_bytes(path, raw)
-    except (OSError, KernelExecError) as exc:
-        return _one_line(str(exc) if isinstance(exc, KernelExecError) else _os_reason(exc))
+    except OSError as exc:
+        return _one_line(_os_reason(exc))
     return None
+
+
+_PIECE = 1 << 20
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+
+
+def _payload_pieces(payload: Any) -> Iterator[str]:
+    """A MIME payload's text (a string, a ``LongText``, a list of lines) a MiB at a time."""
+    for item in payload if isinstance(payload, list) else [payload]:
+        text = item if isinstance(item, str) else str(item)
+        if isinstance(text, LongText):
+            yield from text.chunks()
+            continue
+        for start in range(0, len(text), _PIECE):
+            yield text[start : start + _PIECE]
+
+
+def _b64_chunks(pieces: Iterator[str]) -> Iterator[bytes]:
+    """Base64 text decoded a piece at a time, as ``b64decode(validate=False)`` decodes it
+    whole: characters outside the alphabet skipped, quads never cut."""
+    rest = ""
+    for piece in pieces:
+        rest += _NOT_BASE64.sub("", piece)
+        whole = len(rest) - len(rest) % 4
+        if whole:
+            yield base64.b64decode(rest[:whole])
+            rest = rest[whole:]
+    if rest:
+        yield base64.b64decode(rest)  # a bad tail: binascii.Error, as a whole decode says
 
 
 def _os_reason(exc: OSError) -> str:
