@@ -113,6 +113,21 @@ def check_timeout(timeout: object) -> float:
     return value
 
 
+def pinned_work_dir(path: Path) -> Path:
+    """``path``, or its target when it is itself a symbolic link: resolved once, here, so every
+    later use (the door, a block's cwd, a container's mount, result paths) names the same folder
+    whatever the link points to later. A link to nothing, or a loop, is ``InvalidWorkDir``."""
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # ENOENT, ELOOP (RuntimeError before 3.13)
+        raise InvalidWorkDir(
+            f"the work dir {path} is a symbolic link to {os.readlink(path)!r}, "
+            "which is not an existing folder"
+        ) from exc
+
+
 def make_work_dir(path: Path) -> None:
     """Create the work dir; ``InvalidWorkDir`` when it is a file or cannot be made."""
     if path.exists() and not path.is_dir():
@@ -197,7 +212,7 @@ class AsyncExecutor(ABC):
         if work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="kernelexec-"))
         else:
-            self._work_dir = Path(work_dir).absolute()
+            self._work_dir = pinned_work_dir(Path(work_dir).absolute())
             make_work_dir(self._work_dir)
         self.on_output = on_output
         self.code_extractor = code_extractor or MarkdownCodeExtractor()
