@@ -1,29 +1,40 @@
-"""How much a stateless ``print(1)`` block costs over a bare interpreter start.
+"""How much a contained stateless block costs over a raw ``subprocess.run`` of the same command.
 
-Both are measured in the same run, interleaved so drift in machine load hits both alike:
+Both are measured in the same run, interleaved (ABBA, so drift in machine load hits both alike),
+on the same code file run by the same interpreter:
 
-* raw: ``subprocess.run([sys.executable, "-c", "print(1)"])``
-* executor: ``CommandLineExecutor.execute("print(1)")`` (write the file, start the process in a
-  group of its own, capture its output, snapshot the work dir for artifacts)
+* floor: ``subprocess.run([sys.executable, "block.py"], capture_output=True)``
+* executor: ``CommandLineExecutor.execute(code)`` (write the file, start the process in a session
+  and the executor's cgroup, capture and merge its output, kill whatever it left running)
 
-The target is a median ratio of at most 1.15. Run it with
-``python benchmarks/stateless_overhead.py`` (``--json`` for one machine-readable line, ``-n`` for
-the number of repetitions).
+Workloads: ``print(1)``, and a numpy block (import numpy, sum an array) where numpy is installed.
+The target is a median ratio of at most 1.15 for each. The machine's load average is reported
+with the numbers: on a loaded machine both sides slow down, the ratio is what is compared.
+Run it with ``python benchmarks/stateless_overhead.py`` (``--json`` for one machine-readable
+line, ``-n`` for the number of repetitions).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from kernelexec import CommandLineExecutor
 
 TARGET_RATIO = 1.15
+WORKLOADS = {
+    "print(1)": ("print(1)", "1\n"),
+    "numpy sum": ("import numpy as np\nprint(int(np.arange(1000).sum()))", "499500\n"),
+}
 
 
 def _timed(func: Callable[[], object]) -> float:
@@ -44,15 +55,24 @@ def _summary(samples: list[float]) -> dict[str, float]:
     }
 
 
-def measure(repetitions: int, warmup: int) -> dict[str, object]:
-    def raw() -> None:
-        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, check=True)
+def _workloads() -> dict[str, tuple[str, str]]:
+    have_numpy = importlib.util.find_spec("numpy") is not None
+    return {k: v for k, v in WORKLOADS.items() if have_numpy or "numpy" not in v[0]}
 
-    with CommandLineExecutor(timeout=30) as ex:
+
+def measure_one(ex: CommandLineExecutor, code: str, expected: str, n: int, warmup: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kx-floor-") as tmp:
+        path = Path(tmp) / "block.py"
+        path.write_text(code)
+
+        def raw() -> None:
+            done = subprocess.run([sys.executable, str(path)], capture_output=True, check=True)
+            if done.stdout.decode() != expected:
+                raise RuntimeError(f"unexpected output: {done.stdout!r}")
 
         def stateless() -> None:
-            result = ex.execute("print(1)")
-            if result.exit_code != 0 or result.output != "1\n":
+            result = ex.execute(code)
+            if result.exit_code != 0 or result.output != expected:
                 raise RuntimeError(f"unexpected result: {result.to_reply()}")
 
         for _ in range(warmup):
@@ -60,20 +80,38 @@ def measure(repetitions: int, warmup: int) -> dict[str, object]:
             stateless()
         raw_samples: list[float] = []
         exec_samples: list[float] = []
-        for _ in range(repetitions):
-            raw_samples.append(_timed(raw))
-            exec_samples.append(_timed(stateless))
+        for i in range(n):  # ABBA: neither side always goes first
+            pair = ((raw_samples, raw), (exec_samples, stateless))
+            for samples, func in pair if i % 2 == 0 else reversed(pair):
+                samples.append(_timed(func))
     raw_s, exec_s = _summary(raw_samples), _summary(exec_samples)
     ratio = exec_s["median_ms"] / raw_s["median_ms"]
+    return {
+        "floor": raw_s,
+        "executor": exec_s,
+        "median_ratio": ratio,
+        "within_target": ratio <= TARGET_RATIO,
+    }
+
+
+def measure(repetitions: int, warmup: int) -> dict[str, object]:
+    load_before = os.getloadavg()
+    with CommandLineExecutor(timeout=60) as ex:
+        rows = {
+            name: measure_one(ex, code, expected, repetitions, warmup)
+            for name, (code, expected) in _workloads().items()
+        }
+        containment = getattr(ex.backend, "containment", None)
     return {
         "repetitions": repetitions,
         "warmup": warmup,
         "python": sys.version.split()[0],
-        "raw": raw_s,
-        "executor": exec_s,
-        "median_ratio": ratio,
+        "containment": containment,
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "target_ratio": TARGET_RATIO,
-        "within_target": ratio <= TARGET_RATIO,
+        "workloads": rows,
     }
 
 
@@ -87,12 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    raw, executor = report["raw"], report["executor"]
-    assert isinstance(raw, dict) and isinstance(executor, dict)
-    print(f"repetitions: {args.repetitions} (after {args.warmup} warm-up rounds)")
-    for name, stats in (("raw subprocess.run", raw), ("CommandLineExecutor", executor)):
-        print(f"{name:>20}: median {stats['median_ms']:7.2f} ms   p90 {stats['p90_ms']:7.2f} ms")
-    print(f"{'ratio (median)':>20}: {report['median_ratio']:.3f}  (target <= {TARGET_RATIO})")
+    load = report["load_average_before"]
+    assert isinstance(load, tuple)
+    print(
+        f"repetitions: {args.repetitions} (after {args.warmup} warm-up rounds); "
+        f"containment: {report['containment']}; {report['cpus']} CPUs, load average {load[0]:.2f}"
+    )
+    rows = report["workloads"]
+    assert isinstance(rows, dict)
+    for name, row in rows.items():
+        print(f"{name}:")
+        for label, key in (("raw subprocess.run", "floor"), ("CommandLineExecutor", "executor")):
+            stats = row[key]
+            print(
+                f"  {label:>20}: median {stats['median_ms']:7.2f} ms  p90 {stats['p90_ms']:7.2f} ms"
+            )
+        print(f"  {'ratio (median)':>20}: {row['median_ratio']:.3f}  (target <= {TARGET_RATIO})")
     return 0
 
 

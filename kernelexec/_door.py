@@ -7,7 +7,9 @@ follow what the code planted out of the work dir (the host's ``/etc``, ``/root``
 FIFO for ever. So the host never names a work-dir path to the kernel as a whole string:
 
 - the work dir is opened once (``O_DIRECTORY``) and held as a file descriptor; a link *at* the
-  work dir itself is the caller's own choice and is followed then, once; nothing below it ever is;
+  work dir itself is the caller's own choice and is followed then, once (executors resolve it
+  when they are made); nothing below it ever is, and neither is a link put in the work dir's
+  place once it was removed (it is opened again only as a folder);
 - every component below it is opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to the folder
   before it (``openat``): a link anywhere on the way is refused with ``UnsafePath``;
 - a new file is created under a random temporary name with ``O_CREAT | O_EXCL | O_NOFOLLOW``
@@ -130,6 +132,7 @@ class Door:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         self._fd: int | None = None
+        self._reopened = False
         self._lock = threading.Lock()
 
     # -- the held descriptor ----------------------------------------------------------------
@@ -154,10 +157,10 @@ class Door:
         """A private copy of the work dir's descriptor (closing it cannot race another thread)."""
         with self._lock:
             if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
-                os.close(self._fd)  # removed (a block deleted it): whatever now has its name
-                self._fd = None
+                os.close(self._fd)  # removed (a block deleted it): a folder made in its place
+                self._fd, self._reopened = None, True
             if self._fd is None:
-                self._fd = _open_root(self.root)
+                self._fd = _open_root(self.root, follow=not self._reopened)
             fd = os.dup(self._fd)
         try:
             yield fd
@@ -403,14 +406,21 @@ def read_regular(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
 
 
 # -- the steps -------------------------------------------------------------------------------
-def _open_root(root: Path) -> int:
+def _open_root(root: Path, *, follow: bool) -> int:
+    """The work dir's descriptor; unless ``follow`` (its first opening), a link in its place
+    (put there after the folder was removed) is refused."""
     try:
-        return os.open(root, _ROOT_FLAGS)
+        return os.open(root, _ROOT_FLAGS if follow else _DIR_FLAGS)
     except FileNotFoundError:
         raise InvalidWorkDir(f"the work dir {root} does not exist (was it removed?)") from None
-    except NotADirectoryError:
-        raise InvalidWorkDir(f"the work dir {root} is not a directory") from None
     except OSError as exc:
+        if not follow and os.path.islink(root):  # ENOTDIR or ELOOP, by the link's target
+            raise UnsafePath(
+                f"the work dir {root} was removed and a symbolic link put in its place; "
+                "kernelexec does not follow it"
+            ) from None
+        if isinstance(exc, NotADirectoryError):
+            raise InvalidWorkDir(f"the work dir {root} is not a directory") from None
         raise InvalidWorkDir(f"cannot open the work dir {root}: {exc.strerror or exc}") from exc
 
 

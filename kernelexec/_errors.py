@@ -15,6 +15,8 @@ callers can catch broadly::
     │       └── GatewayAuthError            wrong or missing token
     ├── KernelStartFailed           + RuntimeError
     ├── KernelDied                  + RuntimeError   (only when auto-restart is off)
+    ├── RequestAborted              + RuntimeError   (the kernel refused kernelexec's own request
+    │                                                twice: a file transfer, say)
     ├── ExecutorClosed              + RuntimeError
     ├── ExecutorNotStarted          + RuntimeError, ValueError  (an adapter used before start(),
     │                                                where its peer refuses: autogen-ext)
@@ -27,6 +29,10 @@ callers can catch broadly::
     ├── FileTooLarge                + ValueError     (a file past the files API's size limit)
     ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
     ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
+    │   └── WorkDirNotFound             + FileNotFoundError: an adapter's work dir whose parent
+    │                                   is missing (AG2 makes one folder, never a chain)
+    ├── DangerousCommand            + ValueError     (a shell command refused by the AG2
+    │                                                adapter, as AG2's sanitize_command does)
     ├── NotebookError               + ValueError     (corrupt notebook, missing kernelspec)
     ├── SessionError                + RuntimeError
     │   ├── SessionLimitReached
@@ -84,6 +90,13 @@ class KernelDied(KernelExecError, RuntimeError):
     """The kernel died and the executor was told not to restart it."""
 
 
+class RequestAborted(KernelExecError, RuntimeError):
+    """The kernel refused (answered ``aborted``, ran nothing) a request of kernelexec's own (a
+    remote file transfer, putting the kernel back in its work dir) twice, 0.2 s apart: ipykernel
+    does so for a while after a request that failed with ``stop_on_error``. Nothing of it ran;
+    trying again later is safe."""
+
+
 class ExecutorClosed(KernelExecError, RuntimeError):
     """The executor was used after ``close()``."""
 
@@ -128,6 +141,16 @@ class InvalidTimeout(KernelExecError, ValueError):
 
 class InvalidWorkDir(KernelExecError, ValueError):
     """The work dir cannot be used: it is an existing file, or it cannot be created."""
+
+
+class WorkDirNotFound(InvalidWorkDir, FileNotFoundError):
+    """An adapter's work dir whose parent does not exist: the AG2 drop-ins make the folder
+    itself, as AG2 does, never the folders above it."""
+
+
+class DangerousCommand(KernelExecError, ValueError):
+    """A shell command the AG2 adapter refuses before running anything of it, as AG2's
+    ``LocalCommandLineCodeExecutor.sanitize_command`` does (``rm -rf``, ``dd``, ...)."""
 
 
 class NotebookError(KernelExecError, ValueError):

@@ -40,6 +40,7 @@ from ._functions import (
     loader_code,
     module_source,
 )
+from ._guard import REFUSAL, dangerous_command, shell_part
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
@@ -67,6 +68,10 @@ class ExecutorOptions:
     #: where rich outputs (plots, HTML, ...) are saved, relative to the work dir ("." the work
     #: dir itself); None: not saved as files (they stay in ``outputs`` and the session notebook)
     outputs_dir: str | None = "outputs"
+    #: refuse shell commands that wreck the host (``rm -rf``, ``dd``, a fork bomb...: AG2's
+    #: list, see ``_guard``) before running a block: a guard-rail against an LLM's careless
+    #: command, not a sandbox (a determined block gets past it)
+    refuse_dangerous: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +111,21 @@ def check_timeout(timeout: object) -> float:
             f"timeout must be a positive, finite number of seconds, not {timeout!r}"
         )
     return value
+
+
+def pinned_work_dir(path: Path) -> Path:
+    """``path``, or its target when it is itself a symbolic link: resolved once, here, so every
+    later use (the door, a block's cwd, a container's mount, result paths) names the same folder
+    whatever the link points to later. A link to nothing, or a loop, is ``InvalidWorkDir``."""
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # ENOENT, ELOOP (RuntimeError before 3.13)
+        raise InvalidWorkDir(
+            f"the work dir {path} is a symbolic link to {os.readlink(path)!r}, "
+            "which is not an existing folder"
+        ) from exc
 
 
 def make_work_dir(path: Path) -> None:
@@ -176,6 +196,7 @@ class AsyncExecutor(ABC):
         on_output: OutputCallback | None = None,
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
+        refuse_dangerous: bool = False,
     ) -> None:
         self.options = ExecutorOptions(
             timeout=check_timeout(timeout),
@@ -185,12 +206,13 @@ class AsyncExecutor(ABC):
             # "." is the work dir itself (where autogen-ext's Jupyter executor saves them);
             # an empty name is a mistake, not a way to say it.
             outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
+            refuse_dangerous=bool(refuse_dangerous),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="kernelexec-"))
         else:
-            self._work_dir = Path(work_dir).absolute()
+            self._work_dir = pinned_work_dir(Path(work_dir).absolute())
             make_work_dir(self._work_dir)
         self.on_output = on_output
         self.code_extractor = code_extractor or MarkdownCodeExtractor()
@@ -499,6 +521,16 @@ class AsyncExecutor(ABC):
             return error_result(
                 f"Block refused: the code holds a NUL byte (line {line}); nothing was run.",
                 language=language,
+                not_run=True,
+            )
+        why = None
+        if self.options.refuse_dangerous:
+            why = dangerous_command(shell_part(block.code, language))
+        if why is not None:
+            return error_result(
+                f"Block refused: {REFUSAL}{why} (refuse_dangerous=True); nothing was run.",
+                language=language,
+                ename="DangerousCommand",
                 not_run=True,
             )
         target = None

@@ -7,6 +7,14 @@ steps. An unclosed fence runs to the end of its container, as CommonMark says (a
 off mid-block still yields its code). Raw HTML is read as text, so a fence right after a
 ``<details>`` line is still a fence.
 
+One deliberate difference from CommonMark: a fence indented by four spaces or more (relative
+to its container) is still a fence. CommonMark reads it as an indented code block (or, after a
+prose line, as more of that paragraph), whose text is the fence itself; LLMs write such fences
+inside list items with too deep an indent, and AG2's extractor (a regular expression) finds
+them. Such a fence runs to the next fence line of the same character at least as long, at any
+indent (to the end of the message when there is none), and each of its lines loses up to the
+opening fence's indent, as a fence's body does.
+
 The info string's first word is the language. Aliases map to three canonical names: ``python``,
 ``shell`` and ``powershell`` (``canonical=False`` keeps the tag as written, for frameworks that
 dispatch on it). Display-only languages (``text``, ``json``, ``output``...) are not code to run and
@@ -161,17 +169,92 @@ def _protect(message: str) -> tuple[str, dict[str, str]]:
     return message, {stand_in: char for char, stand_in in swaps.items()}
 
 
+# An opening fence line at any indent: (indent, fence run, info string).
+_OPENING = re.compile(r"^([ \t]*)(`{3,}|~{3,})(.*)$")
+
+
+# Parses afresh after an over-indented fence whose lines CommonMark read as another fence:
+# each costs a parse of the rest of the message, so a message crafted to need many would
+# take quadratic time; past this many, such a fence's rest is read as CommonMark reads it.
+_MAX_REPARSES = 16
+
+
 def _fences(message: str) -> Iterable[tuple[str, str]]:
     """Yield (info string, content) for each fenced block in ``message``."""
     text, restore = _protect(message)
-    for token in _parser().parse(text):
-        if token.type != "fence":
-            continue
-        info, code = token.info.strip(), token.content
-        code = code[:-1] if code.endswith("\n") else code
+    lines = text.split("\n")
+    found: list[tuple[str, str]] = []
+    start: int | None = 0
+    reparses = 0
+    while start is not None:
+        start = _fences_from(lines, start, found, resync=reparses < _MAX_REPARSES)
+        reparses += 1
+    for info, code in found:
         for stand_in, char in restore.items():
             info, code = info.replace(stand_in, char), code.replace(stand_in, char)
         yield info, code
+
+
+def _fences_from(
+    lines: list[str], start: int, found: list[tuple[str, str]], *, resync: bool
+) -> int | None:
+    """Add the fences of ``lines[start:]`` to ``found``: CommonMark's, and the over-indented
+    ones (see the module's docstring) in its paragraphs and indented code blocks. Returns the
+    line to parse afresh from when CommonMark read an over-indented fence's closing line as the
+    start of a fence of its own (None: done)."""
+    consumed = start  # lines before this one are read (an over-indented fence's included)
+    for token in _parser().parse("\n".join(lines[start:])):
+        if not token.map:
+            continue
+        first, end = start + token.map[0], start + token.map[1]
+        if token.type == "fence":
+            if first >= consumed:
+                code = token.content
+                found.append((token.info.strip(), code[:-1] if code.endswith("\n") else code))
+            elif end > consumed and resync:
+                return consumed
+        elif token.type in ("paragraph_open", "code_block") and end > consumed:
+            at = max(first, consumed)
+            while (over := _indented_fence(lines, at, end)) is not None:
+                info, code, at = over
+                found.append((info, code))
+                consumed = at
+    return None
+
+
+def _indent_width(space: str) -> int:
+    return len(space.expandtabs(4))
+
+
+def _indented_fence(lines: list[str], start: int, end: int) -> tuple[str, str, int] | None:
+    """The first fence opened in ``lines[start:end]`` (a paragraph or an indented code block,
+    where CommonMark sees none: it is indented four spaces or more): (info, code, the line
+    after it)."""
+    for number in range(start, end):
+        match = _OPENING.match(lines[number])
+        if match is None or (match.group(2)[0] == "`" and "`" in match.group(3)):
+            continue
+        indent, fence = _indent_width(match.group(1)), match.group(2)
+        closing = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        body: list[str] = []
+        after = len(lines)
+        for later in range(number + 1, len(lines)):
+            if closing.match(lines[later]):
+                after = later + 1
+                break
+            body.append(_dedent(lines[later], indent))
+        return match.group(3).strip(), "\n".join(body), after
+    return None
+
+
+def _dedent(line: str, width: int) -> str:
+    """``line`` without up to ``width`` columns of its leading white space (a tab that goes
+    past ``width`` leaves the rest of its columns as spaces, as CommonMark does)."""
+    column = index = 0
+    while index < len(line) and column < width and line[index] in " \t":
+        column = column + 1 if line[index] == " " else (column // 4 + 1) * 4
+        index += 1
+    return " " * max(column - width, 0) + line[index:]
 
 
 def _tag_word(tag: str) -> str:

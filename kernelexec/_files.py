@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._door import Door, split
-from ._errors import FileTooLarge, InvalidPath
+from ._errors import FileTooLarge, InvalidPath, UnsafePath
 from ._workdir import INTERNAL_DIR, check_relative, confine
 
 #: Largest file moved through a remote kernel (bytes); past it, ``FileTooLarge``.
@@ -133,9 +133,22 @@ def _entry(path: str, mode: int, size: int) -> FileEntry:
 # kernel error output), so a failed transfer cannot disturb the session.
 _KERNEL_HELPER = r"""
 def __kx_files__(op, root, path, *args):
-    import base64, json, os
+    import base64, json, os, stat
     def out(**kw):
         return json.dumps(kw)
+    def regular(fd, name):
+        # the door's rule: only regular files, told at once (a FIFO is opened O_NONBLOCK)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else (
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special")
+            raise TypeError(name + " is " + kind + ", not a regular file; only regular "
+                            "files are moved through the kernel")
+        os.set_blocking(fd, True)
+        return fd
+    def opened(name, flags):
+        return regular(os.open(name, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC), path)
     base = os.path.realpath(root)
     target = os.path.realpath(os.path.join(base, path))
     if target != base and not target.startswith(base.rstrip(os.sep) + os.sep):
@@ -144,14 +157,23 @@ def __kx_files__(op, root, path, *args):
         if op == "size":
             if os.path.isdir(target):
                 return out(error="IsADirectoryError", message=path + " is a directory")
-            return out(size=os.path.getsize(target))
+            with os.fdopen(opened(target, os.O_RDONLY), "rb") as f:
+                return out(size=os.fstat(f.fileno()).st_size)
         if op == "read":
-            with open(target, "rb") as f:
+            with os.fdopen(opened(target, os.O_RDONLY), "rb") as f:
                 f.seek(args[0])
                 return out(data=base64.b64encode(f.read(args[1])).decode())
         if op == "write":
             os.makedirs(os.path.dirname(target) or base, exist_ok=True)
-            with open(target + ".kx-partial", "ab" if args[1] else "wb") as f:
+            partial = target + ".kx-partial"
+            if not args[1]:  # a fresh partial file: whatever has the name goes (never opened)
+                try:
+                    os.unlink(partial)
+                except FileNotFoundError:
+                    pass
+            flags = os.O_WRONLY | os.O_NOFOLLOW | (
+                os.O_APPEND if args[1] else os.O_CREAT | os.O_EXCL)
+            with os.fdopen(opened(partial, flags), "wb") as f:
                 f.write(base64.b64decode(args[0]))
             return out(ok=True)
         if op == "commit":
@@ -167,6 +189,8 @@ def __kx_files__(op, root, path, *args):
                 rows.append([os.path.relpath(p, base), os.path.getsize(p), os.path.isdir(p)])
             return out(entries=rows)
         return out(error="ValueError", message="unknown operation " + op)
+    except TypeError as e:
+        return out(error="UnsafePath", message=str(e))
     except OSError as e:
         kind = type(e).__name__ if type(e).__name__ in (
             "FileNotFoundError", "IsADirectoryError", "NotADirectoryError", "PermissionError"
@@ -176,6 +200,7 @@ def __kx_files__(op, root, path, *args):
 
 _ERRORS: dict[str, type[Exception]] = {
     "InvalidPath": InvalidPath,
+    "UnsafePath": UnsafePath,
     "FileNotFoundError": FileNotFoundError,
     "IsADirectoryError": IsADirectoryError,
     "NotADirectoryError": NotADirectoryError,

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._budget import full_value
-from ._errors import ExecutionTimeout, KernelDied, KernelExecError, KernelStartFailed
+from ._errors import (
+    ExecutionTimeout,
+    KernelDied,
+    KernelExecError,
+    KernelStartFailed,
+    RequestAborted,
+)
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
@@ -66,7 +72,11 @@ _ECHO_LIMIT = 1024 * 1024  # bytes of fd 1 / fd 2 output a kernel also writes to
 _SETUP_CODE = f"""\
 def _kx_setup():
     import os, sys
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    # A kernel started without PATH (Enterprise Gateway passes none) searches os.defpath; kept
+    # after the bin dir, or "bin:" (an empty entry: the work dir) left no sh, no bash at all.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + (
+        os.environ.get("PATH") or os.defpath
+    )
 
     def fast_lookup():
         # Each display asks eleven formatters for a printer, each looking the object's classes
@@ -207,7 +217,7 @@ def _kx_setup():
         # the fd, read by a thread that holds a lock while it moves text into the stream; a
         # flush takes the lock and empties the pipe first. ipykernel's pipe is closed on the
         # writing side, so its thread reads what was left and ends.
-        import codecs, fcntl, select, stat, threading
+        import codecs, fcntl, select, stat, termios, threading
 
         fd = getattr(stream, "_original_stdstream_fd", None)
         copy = getattr(stream, "_original_stdstream_copy", None)
@@ -287,6 +297,11 @@ def _kx_setup():
                 echo(data)
 
         def watch():
+            # ipykernel 6.29 ties a thread started during a request to that request's header
+            # for good (so the set-up run's): its text went out under that request, shown in
+            # no block. This thread writes for the request running, as ipykernel's own does.
+            for table in ("_thread_to_parent_header", "_thread_to_parent"):
+                getattr(stream, table, {{}}).pop(threading.get_ident(), None)
             while stream._should_watch:
                 try:
                     select.select([r], [], [])
@@ -299,12 +314,27 @@ def _kx_setup():
                 if data:
                     echo(data)
 
+        empty = bytes(4)
+
+        def before_write():
+            # A line of Python-level text (print) comes after what was written to the fd before
+            # it (by this thread, or a child that has ended): text still in the pipe goes first,
+            # or a print overtook an os.write just before it (2 of 5 blocks of 30 pairs mixed
+            # up). FIONREAD: one cheap call when the pipe is empty, as it nearly always is.
+            try:
+                waiting = fcntl.ioctl(r, termios.FIONREAD, empty) != empty
+            except OSError:
+                waiting = True
+            if waiting:
+                drain()
+
         reader = threading.Thread(target=watch, name="kernelexec-" + stream.name, daemon=True)
         os.dup2(w, fd)  # from here on, what is written to fd goes to the new pipe
         os.close(w)
         for n in left:
             os.close(n)
         stream._kx_drain = drain
+        stream._kx_before_write = before_write
         stream._fid = r
         stream.watch_fd_thread = reader  # joined by ipykernel when it closes the stream
         reader.start()
@@ -405,8 +435,16 @@ def _kx_setup():
         if type(stream).__name__ != "OutStream" or getattr(write, "_kx_bounded", False):
             return
         held = [0]
+        line_start = [True]
 
         def bounded_write(text):
+            # Text still in the fd pipe goes first when a new line starts (once per line, not
+            # per write: the check is a system call, and print writes twice).
+            before = getattr(stream, "_kx_before_write", None)
+            if line_start[0] and before is not None:
+                before()
+            if isinstance(text, str) and text:
+                line_start[0] = text.endswith("\\n")
             if not isinstance(text, str) or held[0] + len(text) < chunk:
                 held[0] += len(text) if isinstance(text, str) else 0
                 return write(text)
@@ -606,7 +644,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         gone = await self._gone_while_idle()
         if gone is not None:
             return await self._died(_not_run(block, ""), gone, idle=True)
-        await self._ensure_workspace()
+        try:
+            await self._ensure_workspace()
+        except RequestAborted:
+            return _not_run(block, _ABORTED)  # the kernel refused to go back to its work dir
         code = self._code_for(block)
         self._sent_at = time.time()  # wall clock, as the engine records a container's end
         collector, run = await self._send(block, code, timeout)
@@ -665,15 +706,36 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _run_quietly(self, code: str) -> None:
         """Run kernelexec's own code (not recorded in history, no outputs)."""
-        client = self.backend.client
-        msg_id = client.execute(code, silent=True, store_history=False)
         try:
-            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.startup_timeout)
+            reply = await self._quiet_request(code, None, self.startup_timeout)
         except asyncio.TimeoutError as exc:
             raise KernelStartFailed("the kernel did not run its set-up code") from exc
         if reply.get("status") != "ok":
             detail = f"{reply.get('ename')}: {reply.get('evalue')}"
             raise KernelStartFailed(f"the kernel's set-up code failed ({detail})")
+
+    async def _quiet_request(
+        self, code: str, expressions: dict[str, str] | None, timeout: float
+    ) -> dict[str, Any]:
+        """The reply to kernelexec's own silent request. A kernel in its abort window answers
+        ``aborted`` to it as to a block, having run nothing: sent again once, as a block is;
+        refused twice, ``RequestAborted`` (an "aborted" reply read as a failure said "the
+        set-up code failed" or "no answer")."""
+        client = self.backend.client
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(_ABORT_RETRY_PAUSE)
+            msg_id = client.execute(
+                code,
+                silent=True,
+                store_history=False,
+                user_expressions=expressions or {},
+                stop_on_error=False,
+            )
+            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), timeout)
+            if reply.get("status") != "aborted":
+                return reply
+        raise RequestAborted(f"kernelexec's own request was not run: {_ABORTED}; try again later")
 
     def _file_store(self) -> FileStore:
         if self.backend.shares_work_dir:
@@ -682,12 +744,8 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _evaluate(self, code: str, expression: str) -> str:
         """Run ``code`` silently, then return ``expression``'s text/plain (kernelexec's own)."""
-        client = self.backend.client
-        msg_id = client.execute(
-            code, silent=True, store_history=False, user_expressions={"r": expression}
-        )
         try:
-            reply = await asyncio.wait_for(_reply_for(self.backend, msg_id), self.timeout)
+            reply = await self._quiet_request(code, {"r": expression}, self.timeout)
         except asyncio.TimeoutError as exc:
             raise ExecutionTimeout(f"the kernel did not answer within {self.timeout} s") from exc
         value = (reply.get("user_expressions") or {}).get("r") or {}

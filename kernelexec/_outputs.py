@@ -182,7 +182,7 @@ class _Stream:
 class _Display:
     """A ``display_data`` / ``execute_result`` output and its place in the display budget."""
 
-    __slots__ = ("dropped", "forms", "k", "omitted", "out", "plain", "written")
+    __slots__ = ("dropped", "forms", "k", "omitted", "out", "plain", "refused", "written")
 
     def __init__(self, out: NbOutput, k: int | None) -> None:
         self.out = out
@@ -195,6 +195,8 @@ class _Display:
         self.omitted: dict[str, int | None] = {}
         #: a ``text/plain`` cut to the budget: (head, characters left out, tail)
         self.plain: tuple[str, int, str] | None = None
+        #: MIME type -> why its file was not written (the door refused its place, say)
+        self.refused: dict[str, str] = {}
 
 
 class _Error:
@@ -397,7 +399,7 @@ class OutputCollector:
             display.omitted[mime] = size if isinstance(value, str) else None
             form = display.forms.get(mime)
             if form is not None:
-                self._save_one(display, mime, form, full_value(value))
+                self._save_one(display, mime, form, value)  # streamed: LongTexts stay whole
         display.out["data"] = data
         meta = display.out["metadata"]  # fresh from the message: no note of an earlier update
         if display.omitted:
@@ -553,8 +555,22 @@ class OutputCollector:
             return
         ext, encoding = form
         path = self._work_dir / self._outputs_dir / f"cell{self._cell}-{display.k}.{ext}"
-        if _write_payload(self._door, path, payload, encoding) and path not in self._saved:
+        refused = _write_payload(self._door, path, payload, encoding)
+        if refused is not None:
+            display.refused[mime] = refused
+            self._note(display, "not_saved", {mime: refused})
+            return
+        display.refused.pop(mime, None)
+        if path not in self._saved:
             self._saved.append(path)
+
+    @staticmethod
+    def _note(display: _Display, key: str, value: dict[str, Any]) -> None:
+        """Add ``value`` to the display's ``kernelexec.<key>`` metadata."""
+        meta = display.out.setdefault("metadata", {})
+        note = meta.get("kernelexec")
+        meta["kernelexec"] = {**(note if isinstance(note, dict) else {})}
+        meta["kernelexec"][key] = {**meta["kernelexec"].get(key, {}), **value}
 
     @staticmethod
     def _file_forms(data: dict[str, Any]) -> list[tuple[str, tuple[str, str]]]:
@@ -584,7 +600,11 @@ class OutputCollector:
             form = files.get(mime)
             if form is not None:
                 rel = f"{self._outputs_dir}/cell{self._cell}-{display.k}.{form[0]}"
-                lines.append(f"[{mime} saved to {rel}]")
+                refused = display.refused.get(mime)
+                if refused is None:
+                    lines.append(f"[{mime} saved to {rel}]")
+                else:
+                    lines.append(f"[{mime} not saved to {rel}: {refused}]")
             elif mime in display.omitted and not (_has_image(files) and mime in _IMAGE_PREFERENCE):
                 size = display.omitted[mime]
                 what = "" if size is None else f" of {size} characters"
@@ -778,23 +798,64 @@ def _payload_size(value: Any, cap: int) -> int:
 _END = object()
 
 
-def _write_payload(door: Door, path: Path, payload: Any, encoding: str) -> bool:
-    """Write one MIME payload; False when it cannot be decoded or the door refuses its place
-    (a link planted on the way): it is then in ``outputs`` only."""
+def _write_payload(door: Door, path: Path, payload: Any, encoding: str) -> str | None:
+    """Write one MIME payload; None when written, else why not (it cannot be decoded, or the
+    door refuses its place: a link planted on the way), said in the result."""
+    if encoding == "json":
+        chunks: Iterator[bytes] = iter([json.dumps(full_value(payload), indent=1).encode()])
+    elif encoding == "base64":
+        chunks = _b64_chunks(_payload_pieces(payload))
+    else:
+        chunks = (p.encode("utf-8", errors="replace") for p in _payload_pieces(payload))
     try:
-        if encoding == "base64":
-            raw = base64.b64decode(_as_text(payload), validate=False)
-        elif encoding == "json":
-            raw = json.dumps(payload, indent=1).encode()
-        else:
-            raw = _as_text(payload).encode("utf-8", errors="replace")
-    except (binascii.Error, ValueError, TypeError):
-        return False
-    try:
-        door.write_bytes(path, raw)
-    except (OSError, KernelExecError):
-        return False
-    return True
+        with door.replacing(path) as handle:  # a piece at a time: no whole copy of a payload
+            for chunk in chunks:
+                handle.write(chunk)
+    except KernelExecError as exc:  # first: the tree's errors are built-ins too (ValueError)
+        return _one_line(str(exc))
+    except (binascii.Error, ValueError, TypeError) as exc:
+        return f"its {encoding} payload cannot be decoded ({type(exc).__name__})"
+    except OSError as exc:
+        return _one_line(_os_reason(exc))
+    return None
+
+
+_PIECE = 1 << 20
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+
+
+def _payload_pieces(payload: Any) -> Iterator[str]:
+    """A MIME payload's text (a string, a ``LongText``, a list of lines) a MiB at a time."""
+    for item in payload if isinstance(payload, list) else [payload]:
+        text = item if isinstance(item, str) else str(item)
+        if isinstance(text, LongText):
+            yield from text.chunks()
+            continue
+        for start in range(0, len(text), _PIECE):
+            yield text[start : start + _PIECE]
+
+
+def _b64_chunks(pieces: Iterator[str]) -> Iterator[bytes]:
+    """Base64 text decoded a piece at a time, as ``b64decode(validate=False)`` decodes it
+    whole: characters outside the alphabet skipped, quads never cut."""
+    rest = ""
+    for piece in pieces:
+        rest += _NOT_BASE64.sub("", piece)
+        whole = len(rest) - len(rest) % 4
+        if whole:
+            yield base64.b64decode(rest[:whole])
+            rest = rest[whole:]
+    if rest:
+        yield base64.b64decode(rest)  # a bad tail: binascii.Error, as a whole decode says
+
+
+def _os_reason(exc: OSError) -> str:
+    return f"{exc.strerror or type(exc).__name__}" + (f" ({exc.filename})" if exc.filename else "")
+
+
+def _one_line(text: str) -> str:
+    """A reason for one line of the result (whatever a message held)."""
+    return " ".join(text.split())[:300]
 
 
 _BARE_REPR = re.compile(r"^<[^<>\n]*>$")

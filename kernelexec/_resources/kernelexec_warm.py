@@ -5,11 +5,12 @@ imports nothing of kernelexec, which that interpreter may not have. It must stay
 it started itself so a fork is safe.
 
 Protocol. Requests arrive on the Unix socket ``FD``: one JSON document per message
-(``{"code", "cwd", "env", "procs"}``) carrying the block's stdout and stderr pipes as
+(``{"code", "cwd", "env"}``) carrying the block's stdout and stderr pipes as
 ``SCM_RIGHTS``. Answers leave on stdout, one JSON line each: ``{"ready": pid}`` once warm,
 ``{"pid": n}`` per request (or ``{"error": text}``), and ``{"exit": n, "code": c}`` when a block's
 process ends (``c`` as ``subprocess`` gives it: negative for a signal). End of the socket ends
-the spawner; the blocks' processes belong to their own cgroup or session, which the host kills.
+the spawner; the blocks' processes are in the spawner's cgroup or their own session, which the
+host empties after each block.
 """
 
 from __future__ import annotations
@@ -78,17 +79,6 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
             break
         data += chunk
     return json.loads(data), fds
-
-
-def _join_cgroup(procs: str | None) -> None:
-    """Into the block's cgroup before anything of the block runs (as the command executor's
-    child does before ``exec``): nothing the block starts exists outside it."""
-    if procs:
-        fd = os.open(procs, os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
 
 
 def _own_streams(stdout: int, stderr: int) -> None:
@@ -167,7 +157,6 @@ def _block(request: dict[str, Any], fds: list[int], keep: tuple[int, ...]) -> No
     code = 1
     try:
         os.setsid()
-        _join_cgroup(request.get("procs"))
         signal.set_wakeup_fd(-1)  # before its pipe is closed: its number may be reused
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

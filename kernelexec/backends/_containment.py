@@ -4,12 +4,15 @@ A process group is not enough: ``setsid``, ``start_new_session=True``, ``nohup .
 double fork all leave it. Three mechanisms, best first:
 
 ``cgroup``
-    A control group of our own per block (command back end) or per kernel, made under the host
+    A control group of our own per command executor or per kernel, made under the host
     process's own cgroup. The child joins it between fork and exec, so nothing it starts can
-    leave (only root or the cgroup's owner may move a process out). Killing: cgroup v2's
-    ``cgroup.kill`` where the kernel has it (5.14+), else the v1 freezer (freeze, SIGKILL every
-    member, thaw), else SIGKILL member by member until it is empty. The cgroup is removed when
-    the block ends or the kernel is stopped. Its name holds the host's pid, so
+    leave (only root or the cgroup's owner may move a process out). The command back end's child
+    is a resident spawner (``_resident``) that starts every block inside it: joining a cgroup
+    waits for an RCU grace period each time (5 to 20 ms), being born in one costs nothing.
+    Killing: cgroup v2's ``cgroup.kill`` where the kernel has it (5.14+), else the v1 freezer
+    (freeze, SIGKILL every member, thaw), else SIGKILL member by member until it is empty; after
+    a block, every member but the spawner (frozen first, unless none is left). The cgroup is
+    removed when the executor closes or the kernel is stopped. Its name holds the host's pid, so
     ``sweep_orphans()`` (``kernelexec gc``) can remove what a killed host left behind.
 ``subreaper``
     A small helper process (``_reaper.py``) marks itself child subreaper
@@ -282,6 +285,35 @@ class _CgroupJail(Jail):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         _write(state, "THAWED")  # frozen processes die once thawed
+
+    def kill_others(self, keep: int) -> None:
+        """Kill every member but ``keep`` (a resident spawner), frozen so none can fork meanwhile;
+        when none is left (the usual end of a block) this reads one file and returns."""
+        if not self.pids() - {keep} or self._closed:
+            return
+        self._freeze(True)
+        try:
+            kill_pids(self.pids() - {keep})
+        finally:
+            self._freeze(False)  # frozen processes die once thawed (v1); ``keep`` runs on
+        deadline = time.monotonic() + _EMPTY_WAIT
+        while (others := self.pids() - {keep}) and time.monotonic() < deadline:
+            kill_pids(others)  # one that forked before the freezer caught it
+            time.sleep(0.005)
+
+    def _freeze(self, frozen: bool) -> None:
+        if self._flavour == "v1":
+            _write(self.path / "freezer.state", "FROZEN" if frozen else "THAWED")
+        else:
+            _write(self.path / "cgroup.freeze", "1" if frozen else "0")
+        deadline = time.monotonic() + 1.0
+        while frozen and time.monotonic() < deadline and not self._frozen():
+            time.sleep(0.002)
+
+    def _frozen(self) -> bool:
+        if self._flavour == "v1":
+            return _read(self.path / "freezer.state") != "FREEZING"
+        return "frozen 1" in _read(self.path / "cgroup.events")
 
     def close(self) -> None:
         if self._closed:

@@ -229,15 +229,40 @@ def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> di
         kwargs["runtime"] = options.runtime
     # A writable /tmp even with a read-only root; HOME points there for caches and history.
     kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={options.tmpfs_size},mode=1777"}
-    kwargs.update(options.run_kwargs)
+    extra = dict(options.run_kwargs)
+    # run_kwargs' labels add to kernelexec's (its owner labels win: ``gc`` relies on them);
+    # its environment goes through container_env, which every container and exec uses.
+    kwargs["labels"] = {**_as_mapping(extra.pop("labels", None), ""), **labels}
+    extra.pop("environment", None)
+    kwargs.update(extra)
     return kwargs
 
 
 def container_env(options: DockerOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment code in the container sees (never the host's)."""
+    """The environment code in the container sees (never the host's): kernelexec's defaults,
+    then the caller's (``run_kwargs["environment"]``, then ``environment``), then ``extra``."""
     # No MPLBACKEND here: a kernel picks its inline back end; command runs set Agg themselves.
     base = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
-    return {**base, **options.environment, **(extra or {})}
+    given = _as_mapping(options.run_kwargs.get("environment"), None)
+    return {**base, **given, **options.environment, **(extra or {})}
+
+
+def _as_mapping(value: Any, bare: str | None) -> dict[str, str]:
+    """docker-py's dict-or-list form of labels and environment as a dict: ``"K=V"`` items split;
+    a bare ``"K"`` is a label with value ``bare`` (an environment name without ``=`` is
+    dropped, as the engine passes no value for it)."""
+    if not value:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    pairs: dict[str, str] = {}
+    for item in value:
+        name, eq, text = str(item).partition("=")
+        if eq:
+            pairs[name] = text
+        elif bare is not None:
+            pairs[name] = bare
+    return pairs
 
 
 def prepare_host_dir(path: Path, options: DockerOptions) -> None:

@@ -13,17 +13,23 @@ than ``LONG_TEXT`` bytes are not decoded: each becomes a ``LongText`` over the r
 bounded value, its true length, the full text on demand a MiB at a time), so the host holds the
 message once, not its bytes and a decoded copy of each huge string; the output collector spills
 the full text and keeps a bounded form. A batch stops after a large message (``BATCH_BYTES``).
+
+Frames are received without a copy (``copy=False``): a large one stays in the buffer libzmq
+received it into, and the long strings point into that buffer. Received with a copy, a 200 MB
+frame (a 100 MB exception: its value and its traceback) was briefly held twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import weakref
+from collections.abc import Sequence
 from hmac import compare_digest
 from queue import Empty
-from typing import Any, cast
+from typing import Any
 
 import zmq
 from jupyter_client.adapter import adapt
@@ -40,6 +46,11 @@ BATCH_BYTES = 8 << 20
 #: a content frame scanned for long strings holds at most this many strings; past it (a huge
 #: structure of small strings, no string worth sparing) it is decoded as jupyter_client does
 _MAX_STRINGS = 100_000
+_QUOTE = re.compile(b'"')
+_DELIM = b"<IDS|MSG>"  # between the routing identities and the message (jupyter_client's DELIM)
+
+#: a received frame: ``bytes`` (tests, a copying receive) or a ``zmq.Frame`` (``copy=False``)
+Frame = bytes | zmq.Frame
 
 _shadows: weakref.WeakKeyDictionary[Any, zmq.Socket[bytes]] = weakref.WeakKeyDictionary()
 
@@ -136,7 +147,7 @@ async def receive_one(session: Session, socket: Any, timeout: float | None) -> d
         if not await socket.poll(None if left is None else int(left * 1000)):
             raise Empty
         try:
-            frames = _sync(socket).recv_multipart(zmq.NOBLOCK)
+            frames = _sync(socket).recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:  # another reader took it first: wait again
             continue
         return decode(session, frames)
@@ -156,10 +167,10 @@ async def receive_batch(kc: AsyncKernelClient, timeout: float | None) -> list[di
     held = 0
     while len(msgs) < BATCH and held < BATCH_BYTES:
         try:
-            frames = sync.recv_multipart(zmq.NOBLOCK)
+            frames = sync.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             break
-        held += sum(len(frame) for frame in frames)
+        held += sum(len(_buffer(frame)) for frame in frames)
         msg = decode(session, frames)
         del frames  # a huge content frame lives on only in its message's LongTexts
         msgs.append(msg)
@@ -168,14 +179,28 @@ async def receive_batch(kc: AsyncKernelClient, timeout: float | None) -> list[di
     return msgs
 
 
-def decode(session: Session, frames: list[bytes]) -> dict[str, Any]:
+def _buffer(frame: Frame) -> bytes | memoryview:
+    """A frame's bytes, not copied (a ``zmq.Frame``'s own buffer)."""
+    return frame if isinstance(frame, bytes) else frame.buffer
+
+
+def _small(frame: bytes | memoryview) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.tobytes()
+
+
+def decode(session: Session, frames: Sequence[Frame]) -> dict[str, Any]:
     """``Session.deserialize`` of a received message, its dates left as strings."""
-    _, rest = session.feed_identities(frames)
-    parts = cast("list[bytes]", rest)  # received with copying: bytes
+    views = [_buffer(frame) for frame in frames]
+    delimiter = next(
+        (i for i, v in enumerate(views) if len(v) == len(_DELIM) and v == _DELIM), None
+    )
+    if delimiter is None:
+        raise ValueError("DELIM not in msg_list")
+    parts = views[delimiter + 1 :]
     if len(parts) < 5:
         raise TypeError("malformed message, must have at least 5 elements")
     if session.auth is not None:
-        signature = parts[0]
+        signature = _small(parts[0])
         if not signature:
             raise ValueError("Unsigned Message")
         if signature in session.digest_history:
@@ -184,13 +209,13 @@ def decode(session: Session, frames: list[bytes]) -> dict[str, Any]:
         if not compare_digest(signature, session.sign(parts[1:5])):
             raise ValueError(f"Invalid Signature: {signature!r}")
     unpack = session.unpack
-    header = unpack(parts[1])
+    header = unpack(_small(parts[1]))
     message = {
         "header": header,
         "msg_id": header["msg_id"],
         "msg_type": header["msg_type"],
-        "parent_header": unpack(parts[2]),
-        "metadata": unpack(parts[3]),
+        "parent_header": unpack(_small(parts[2])),
+        "metadata": unpack(_small(parts[3])),
         "content": unpack_bounded(parts[4], unpack),
         "buffers": [memoryview(b) for b in parts[5:]],
     }
@@ -201,14 +226,14 @@ def decode(session: Session, frames: list[bytes]) -> dict[str, Any]:
     return result
 
 
-def unpack_bounded(frame: bytes, unpack: Any = json.loads) -> Any:
+def unpack_bounded(frame: bytes | memoryview, unpack: Any = json.loads) -> Any:
     """``unpack(frame)``, except that in a frame over ``LONG_TEXT`` bytes each string literal
-    longer than that stays undecoded, a ``LongText`` over ``frame``."""
+    longer than that stays undecoded, a ``LongText`` over ``frame`` (not copied)."""
     if len(frame) <= LONG_TEXT:
-        return unpack(frame)
+        return unpack(_small(frame))
     spans = _long_strings(frame)
     if not spans:
-        return unpack(frame)
+        return unpack(_small(frame))
     token = f"\x00kx-{secrets.token_hex(8)}-"
     parts, previous = [], 0
     for i, (start, end) in enumerate(spans):
@@ -221,24 +246,39 @@ def unpack_bounded(frame: bytes, unpack: Any = json.loads) -> Any:
     return _put_back(small, token, longs)
 
 
-def _long_strings(frame: bytes) -> list[tuple[int, int]]:
+def _find_quote(frame: bytes | memoryview, pos: int) -> int:
+    """The next ``"`` in ``frame`` from ``pos``; -1 when none (``re`` reads a buffer as it is)."""
+    found = _QUOTE.search(frame, pos)
+    return -1 if found is None else found.start()
+
+
+def _escapes_before(frame: bytes | memoryview, start: int, end: int) -> int:
+    """How many backslashes come just before ``end`` (not before ``start``)."""
+    count, step = 0, 64
+    while end - count > start:
+        window = bytes(frame[max(start, end - count - step) : end - count])
+        run = len(window) - len(window.rstrip(b"\\"))
+        count += run
+        if run < len(window):
+            break
+    return count
+
+
+def _long_strings(frame: bytes | memoryview) -> list[tuple[int, int]]:
     """(start, end) of the body of each JSON string longer than ``LONG_TEXT`` bytes in
     ``frame``; none when it holds too many strings to look at (see ``_MAX_STRINGS``)."""
     spans: list[tuple[int, int]] = []
-    find, pos = frame.find, 0
+    pos = 0
     for _ in range(_MAX_STRINGS):
-        start = find(b'"', pos) + 1  # outside strings, a quote opens one
+        start = _find_quote(frame, pos) + 1  # outside strings, a quote opens one
         if not start:
             return spans
         end = start
         while True:
-            end = find(b'"', end)
+            end = _find_quote(frame, end)
             if end == -1:
                 return []  # not JSON: the decoder will say so
-            window = frame[max(start, end - 64) : end]
-            escapes = len(window) - len(window.rstrip(b"\\"))
-            if escapes == 64:
-                escapes = end - start - len(frame[start:end].rstrip(b"\\"))
+            escapes = _escapes_before(frame, start, end)
             if escapes % 2 == 0:  # not an escaped quote: the string ends here
                 break
             end += 1

@@ -37,10 +37,17 @@ _INIT_PID_NS = "pid:[4026531836]"
 _MAX_RECORD = 4096
 #: the private temp folders a local and a forked kernel make (their sockets, connection file,
 #: log); ``sweep_temp_folders`` looks at these names only, never at a work dir in the temp folder
-TEMP_PREFIXES = ("kernelexec-ipc-", "kernelexec-fork-")
+TEMP_PREFIXES = ("kernelexec-ipc-", "kernelexec-fork-", "kernelexec-run-link-")
+#: a Docker kernel's short alias to its runtime folder (a deep ``bind_dir`` work dir's): a
+#: folder with a record and one link in it (``docker_kernel.short_alias``)
+ALIAS_PREFIX = TEMP_PREFIXES[2]
 #: a provisioned kernel's launcher log, a file whose first line is its owner's record
 LAUNCHER_LOG_PREFIX = "kernelexec-launcher-"
 OWNER_LINE = "kernelexec-owner: "
+#: where a private folder made outside the standard temp folder (another ``TMPDIR``) is noted,
+#: so that ``gc`` run with any ``TMPDIR`` finds it: one file per folder, holding its path
+INDEX_ENV = "KERNELEXEC_GC_INDEX"
+_STANDARD_TEMP = "/tmp"
 
 State = Literal["gone", "alive", "unknown"]
 
@@ -120,11 +127,81 @@ def owner_state(owner: Owner) -> State:
 
 
 def mark_folder(folder: str | os.PathLike[str]) -> None:
-    """Write the calling process's record into a private folder it has just made."""
+    """Write the calling process's record into a private folder it has just made (and note
+    the folder in the index when it lies outside the standard temp folder)."""
     path = os.path.join(folder, OWNER_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(this_process().to_text())
+    where = os.path.abspath(folder)
+    if os.path.dirname(where) != _STANDARD_TEMP:
+        with contextlib.suppress(OSError):  # best effort: gc with that TMPDIR still finds it
+            _note_in_index(where)
+
+
+def index_dir() -> str:
+    return os.environ.get(INDEX_ENV) or os.path.join(_STANDARD_TEMP, f"kernelexec-{os.geteuid()}")
+
+
+def _open_index(*, make: bool) -> int:
+    """The index folder's descriptor: a real folder of this user's, private (else OSError)."""
+    path = index_dir()
+    if make:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        os.close(fd)  # someone else's, or open to others: not trusted
+        raise PermissionError(f"the gc index {path} is not this user's private folder")
+    return fd
+
+
+def _note_in_index(folder: str) -> None:
+    index = _open_index(make=True)
+    try:
+        name = os.path.basename(folder) + ".path"
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=index
+        )
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(folder)
+    finally:
+        os.close(index)
+
+
+def _indexed_folders() -> list[tuple[str, str]]:
+    """(entry name, folder path) of each folder noted in the index: its own entries only."""
+    try:
+        index = _open_index(make=False)
+    except OSError:
+        return []
+    found = []
+    try:
+        for name in sorted(os.listdir(index)):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=index)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    continue
+                path = f.read(_MAX_RECORD).decode("utf-8", errors="replace")
+            if os.path.isabs(path) and os.path.basename(path).startswith(TEMP_PREFIXES):
+                found.append((name, path))
+    finally:
+        os.close(index)
+    return found
+
+
+def _drop_index_entry(name: str) -> None:
+    with contextlib.suppress(OSError):
+        index = _open_index(make=False)
+        try:
+            os.unlink(name, dir_fd=index)
+        finally:
+            os.close(index)
 
 
 def owner_line() -> bytes:
@@ -149,21 +226,24 @@ def read_folder_owner(dir_fd: int) -> Owner | None:
 
 
 def sweep_temp_folders(*, dry_run: bool = False, base: str | None = None) -> list[str]:
-    """Remove kernelexec's private temp folders (``kernelexec-ipc-*``, ``kernelexec-fork-*``)
-    whose owner is gone; the paths removed (or, with ``dry_run``, that would be).
+    """Remove kernelexec's private temp folders (``kernelexec-ipc-*``, ``kernelexec-fork-*``,
+    ``kernelexec-run-link-*``) whose owner is gone; the paths removed (or, with ``dry_run``,
+    that would be).
 
     Only real folders directly in the temp folder, owned by this user and holding a record of
     ours: a link of the same name (to ``/etc``, say) is never followed, another user's folder
     and a folder without a record (someone else's, or an older kernelexec's) are left alone.
     """
     base = base or tempfile.gettempdir()
-    found: list[str] = []
+    found = _sweep_indexed(dry_run=dry_run)
     try:
         names = sorted(os.listdir(base))
     except OSError:
         return found
     for name in names:
         path = os.path.join(base, name)
+        if path in found:
+            continue
         if name.startswith(TEMP_PREFIXES) and _folder_state(path) == "gone":
             found.append(path)
             if not dry_run:
@@ -175,6 +255,24 @@ def sweep_temp_folders(*, dry_run: bool = False, base: str | None = None) -> lis
             if not dry_run:
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # the name, never what a link would point at
+    return found
+
+
+def _sweep_indexed(*, dry_run: bool) -> list[str]:
+    """The folders the index names (made under another ``TMPDIR``) whose owner is gone,
+    removed as the temp folder's are; entries of folders already gone are dropped."""
+    found = []
+    for entry, path in _indexed_folders():
+        if not os.path.lexists(path):
+            if not dry_run:
+                _drop_index_entry(entry)
+            continue
+        if _folder_state(path) != "gone":
+            continue  # alive, a link, someone else's, no record: left alone
+        found.append(path)
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
+            _drop_index_entry(entry)
     return found
 
 

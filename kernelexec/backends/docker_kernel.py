@@ -36,7 +36,8 @@ from typing import Any
 import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from .._errors import DockerConfigError, KernelStartFailed
+from .._door import Door
+from .._errors import DockerConfigError, KernelStartFailed, UnsafePath
 from .._workdir import INTERNAL_DIR
 from ._docker import (
     LABEL_RUNTIME_DIR,
@@ -47,9 +48,11 @@ from ._docker import (
     DockerOptions,
     merge_options,
     prepare_host_dir,
+    prepare_inside,
 )
 from ._docker_relay import RELAY_SCRIPT, Relay
-from ._iopub import receive_batch
+from ._iopub import receive_batch, receive_one
+from ._owner import ALIAS_PREFIX, OWNER_FILE, mark_folder
 from ._ready import start_channels
 from .base import KernelBackend, KernelClientLike
 
@@ -336,10 +339,19 @@ class DockerKernel(KernelBackend):
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
         self._runtime = self._make_runtime_dir()
-        await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
         info = _connection_info(network=self.options.network and not self.relayed)
-        _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
+        door, inside = self._runtime_door(self._runtime)
+        if door is not None:
+            # In the work dir: handed over and written through the door, never by a path
+            # the code could have redirected since the folder was made.
+            prepare_inside(door, inside, self.options)
+            _write_private_inside(door, f"{inside}/kernel.json", self._container_view(info))
+        else:
+            await asyncio.to_thread(prepare_host_dir, self._runtime, self.options)
+            _write_private(self._runtime / "kernel.json", self._container_view(info), self.options)
         try:
+            if door is not None:
+                _check_still_there(door, inside, self._runtime)  # just before the engine mounts it
             await self._docker.start(self._spec())
             if self.relayed:
                 await self._start_relay()
@@ -375,6 +387,17 @@ class DockerKernel(KernelBackend):
             return self._docker.work_dir / door.mkdtemp(INTERNAL_DIR, RUNTIME_DIR_PREFIX)
         return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
 
+    def _runtime_door(self, runtime: Path) -> tuple[Door | None, str]:
+        """The work dir's door and ``runtime``'s path in it, when it lies there (bind_dir)."""
+        door, work = self._docker.door, self._docker.work_dir
+        if door is None or work is None:
+            return None, ""
+        try:
+            inside = runtime.relative_to(work).as_posix()
+        except ValueError:
+            return None, ""
+        return door, inside
+
     def _sockets(self) -> Path:
         """The runtime folder as this process names its sockets: a unix socket's path holds at
         most 107 bytes, so a long one (a deep work dir with ``bind_dir``) goes through a short
@@ -383,10 +406,7 @@ class DockerKernel(KernelBackend):
         if len(str(self._runtime / "kernel-5")) <= 100:
             return self._runtime
         if self._alias is None:
-            alias = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX + "link-"))
-            alias.rmdir()
-            alias.symlink_to(self._runtime, target_is_directory=True)
-            self._alias = alias
+            self._alias = short_alias(self._runtime)
         return self._alias
 
     async def _start_relay(self) -> None:
@@ -511,9 +531,14 @@ class DockerKernel(KernelBackend):
                 if running and runtime is not None and relay is None:
                     # Still running: leave a connection file this host can attach with.
                     attach = runtime / "kernel-host.json"
-                    fd = os.open(attach, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, "w", encoding="utf-8") as f:
-                        json.dump(self._host_info, f)
+                    door, inside = self._runtime_door(runtime)
+                    if door is not None:  # in the work dir: through its door
+                        data = json.dumps(self._host_info).encode()
+                        door.write_bytes(f"{inside}/kernel-host.json", data, mode=0o600)
+                    else:
+                        fd = os.open(attach, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                        with os.fdopen(fd, "w", encoding="utf-8") as f:
+                            json.dump(self._host_info, f)
                     self._docker.kept = (
                         f"{where}; attach with `jupyter console --existing {attach}`"
                     )
@@ -525,8 +550,8 @@ class DockerKernel(KernelBackend):
         finally:
             if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
-            if alias is not None and not kept:
-                alias.unlink(missing_ok=True)
+            if alias is not None:
+                drop_alias(alias, kept=kept)
 
 
 class _BlockClient(AsyncKernelClient):
@@ -563,6 +588,11 @@ class _BlockClient(AsyncKernelClient):
             self._note(msg)
         return msgs
 
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next shell reply, decoded as IOPub is: a huge error reply (its traceback and
+        value) is held once, as received, not copied and decoded whole (jupyter_client's)."""
+        return await receive_one(self.session, self.shell_channel.socket, timeout)
+
     def _note(self, msg: dict[str, Any]) -> None:
         if (
             msg["msg_type"] == "status"
@@ -570,6 +600,30 @@ class _BlockClient(AsyncKernelClient):
             and msg["parent_header"].get("msg_id") == self._block_msg_id
         ):
             self.block_marked, self._block_msg_id = False, None
+
+
+def short_alias(target: Path) -> Path:
+    """A short path to ``target``: a link ``k`` in a private temp folder of its own, which
+    carries this process's owner record (``kernelexec gc`` removes it once the process is
+    gone; a bare link could carry none)."""
+    folder = Path(tempfile.mkdtemp(prefix=ALIAS_PREFIX))
+    mark_folder(folder)
+    alias = folder / "k"
+    alias.symlink_to(target, target_is_directory=True)
+    return alias
+
+
+def drop_alias(alias: Path, *, kept: bool) -> None:
+    """Remove a ``short_alias`` folder; for a kept kernel, keep it (its connection file names
+    the sockets through it) but drop its record, so ``kernelexec gc`` leaves it alone."""
+    folder = alias.parent
+    if not folder.name.startswith(ALIAS_PREFIX):
+        return
+    if kept:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / OWNER_FILE)
+        return
+    shutil.rmtree(folder, ignore_errors=True)  # unlinks the link ``k``, never its target
 
 
 def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:
@@ -616,6 +670,31 @@ def _connection_info(*, network: bool) -> dict[str, Any]:
     # With ipc the "ports" are only suffixes of the socket paths.
     info.update({name: i for i, name in enumerate(_CHANNELS, start=1)})
     return info
+
+
+def _write_private_inside(door: Door, path: str, info: dict[str, Any]) -> None:
+    """The connection file in a runtime folder inside the work dir: new, 0600, renamed into
+    place within the folder (a link planted at its name is replaced, never written through),
+    then given to the container user as its folder was (``prepare_inside``)."""
+    door.write_bytes(path, json.dumps(info).encode(), mode=0o600)
+    folder = door.lstat(path.rsplit("/", 1)[0])
+    if folder is not None and os.geteuid() == 0:
+        door.chown(path, folder.st_uid, folder.st_gid)
+
+
+def _check_still_there(door: Door, inside: str, runtime: Path) -> None:
+    """The engine mounts the runtime folder by its path: refuse when that path no longer
+    names the folder the door made (a link put on the way since)."""
+    made = door.lstat(inside)
+    try:
+        named = os.stat(runtime)
+    except OSError:
+        named = None
+    if made is None or named is None or (made.st_dev, made.st_ino) != (named.st_dev, named.st_ino):
+        raise UnsafePath(
+            f"the kernel's runtime folder {runtime} was moved or replaced by a link in the work "
+            "dir before its container started; kernelexec does not mount it"
+        )
 
 
 def _write_private(path: Path, info: dict[str, Any], options: DockerOptions) -> None:

@@ -38,7 +38,14 @@ _READY_TIMEOUT = 120.0  # a cold import of pandas and matplotlib on a loaded mac
 
 
 class WarmCommand(LocalCommand):
-    """Python blocks fork from a warm spawner; shell (and PowerShell) blocks start as usual."""
+    """Python blocks fork from a warm spawner; shell (and PowerShell) blocks start as usual.
+
+    With cgroup containment the spawner lives in a cgroup made once for it, so each block is
+    born inside (joining a cgroup per block waits for an RCU grace period, 5 to 20 ms); after a
+    block everything in it but the spawner is killed. Elsewhere each block is a session of its
+    own, killed as a group (a forked block is the spawner's child, not ours: the subreaper
+    helper cannot hold it).
+    """
 
     kind = "warm-command"
 
@@ -53,33 +60,49 @@ class WarmCommand(LocalCommand):
     ) -> None:
         super().__init__(python=python, shell=shell, kill_grace=kill_grace, containment=containment)
         self.warm_up = tuple(DEFAULT_WARM_UP if warm_up is None else warm_up)
-        # A forked block is the spawner's child, not ours: the subreaper helper cannot hold it.
         cgroup = self.containment.startswith("cgroup")
         self.block_containment = self.containment if cgroup else "process-group"
-        self._spawner: _Spawner | None = None
+        self._warm: _Spawner | None = None
+        self._warm_jail: _containment.Jail | None = None  # the warm spawner's cgroup
         #: warm-up modules the spawner could not import (absent or broken), once started
         self.not_warmed: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int | None:
-        """The spawner's process id (None before start and after close)."""
-        return self._spawner.pid if self._spawner is not None else None
+        """The warm spawner's process id (None before start and after close)."""
+        return self._warm.pid if self._warm is not None else None
 
     async def start(self, work_dir: Path) -> None:
+        await super().start(work_dir)
         await self._ensure_spawner()
 
     async def close(self) -> None:
-        spawner, self._spawner = self._spawner, None
+        await self._drop_spawner()
+        await super().close()
+
+    async def _drop_spawner(self) -> None:
+        spawner, self._warm = self._warm, None
+        jail, self._warm_jail = self._warm_jail, None
         if spawner is not None:
             await spawner.close()
+        if jail is not None:
+            jail.close()  # what is left of the blocks, and the cgroup itself
 
     async def _ensure_spawner(self) -> _Spawner:
-        if self._spawner is None or self._spawner.gone:
-            if self._spawner is not None:
-                await self._spawner.close()
-            self._spawner = await _Spawner.start(self.python, self.warm_up)
-            self.not_warmed = self._spawner.failed
-        return self._spawner
+        if self._warm is None or self._warm.gone:
+            await self._drop_spawner()
+            jail = None
+            if self.block_containment.startswith("cgroup"):
+                jail = _containment.make_jail(self.block_containment)
+            try:
+                self._warm = await _Spawner.start(self.python, self.warm_up, jail)
+            except BaseException:
+                if jail is not None:
+                    jail.close()
+                raise
+            self._warm_jail = jail
+            self.not_warmed = self._warm.failed
+        return self._warm
 
     async def run(
         self,
@@ -101,29 +124,29 @@ class WarmCommand(LocalCommand):
                 on_stderr=on_stderr,
             )
         spawner = await self._ensure_spawner()
-        jail = _containment.make_jail(self.block_containment)
+        cgroup = self._warm_jail
+        jail = None if cgroup is not None else _containment.make_jail("process-group")
         streams: _Streams | None = None
         try:
-            procs = jail.procs_file
-            request = {
-                "code": str(work_dir / argv[1]),
-                "cwd": str(work_dir),
-                "env": dict(env),
-                "procs": str(procs) if procs is not None else None,
-            }
+            request = {"code": str(work_dir / argv[1]), "cwd": str(work_dir), "env": dict(env)}
             streams = _Streams(asyncio.get_running_loop(), on_stdout, on_stderr)
             try:
                 pid = await spawner.spawn(request, await streams.open())
             finally:
                 streams.drop_write_ends()  # the block holds its own copies
-            jail.started(pid)
+            if jail is not None:
+                jail.started(pid)
             exited = spawner.exit_of(pid)
             timed_out = not await _settle(exited, timeout)
             if timed_out:
                 await self._kill(pid, exited)
             await _settle(streams.closed, _DRAIN_GRACE)
         finally:
-            jail.close()  # every process of the block that outlived it dies with it
+            # every process of the block that outlived it dies with it
+            if jail is not None:
+                jail.close()
+            elif isinstance(cgroup, _containment._CgroupJail) and spawner.pid is not None:
+                cgroup.kill_others(keep=spawner.pid)
             if streams is not None:
                 await _settle(streams.closed, _DRAIN_GRACE)
                 streams.close()
@@ -154,8 +177,12 @@ class _Spawner:
         self.pid = process.pid
 
     @classmethod
-    async def start(cls, python: str, modules: Sequence[str]) -> _Spawner:
+    async def start(
+        cls, python: str, modules: Sequence[str], jail: _containment.Jail | None
+    ) -> _Spawner:
+        """Start the spawner (in ``jail``'s cgroup, joined before it runs anything)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spawn = jail.popen_kwargs() if jail is not None else {"start_new_session": True}
         try:
             process = await asyncio.create_subprocess_exec(
                 python,
@@ -169,13 +196,15 @@ class _Spawner:
                 pass_fds=(theirs.fileno(),),
                 env={**os.environ, **_SPAWNER_ENV},
                 cwd="/",
-                start_new_session=True,  # a Ctrl-C at the terminal is for the host, not it
+                **spawn,  # a session of its own: a Ctrl-C at the terminal is for the host
             )
         except OSError as exc:
             ours.close()
             raise BackendUnavailable(f"cannot run {python}: {exc.strerror or exc}") from exc
         finally:
             theirs.close()
+            if jail is not None:
+                jail.started(0)
         spawner = cls(process, ours)
         await spawner._ready()
         return spawner

@@ -1,8 +1,11 @@
 """PNG charts of a benchmark run (matplotlib, headless: the Agg canvas, no pyplot state).
 
-Every chart gives an executor the same colour (floors are drawn hatched or dashed), uses a log
-scale so a 10 ms bar is not flattened under a 1 s one, labels the values, and keeps the legend
-outside the data.
+``bars.png``: per workload, three panels on linear axes, each bar labelled with its value: the
+per-block latency, the start-up cost (executor creation to the first result) and the whole
+session (start-up, every block, close), so a row fast per block but slow to start reads as both.
+The axis labels say what the bar and the whiskers are. ``latency.png``: the latency of each block
+in the session, one colour and marker per executor family (floors, local, sandboxed, Docker,
+gVisor, peers), at most eight lines and a legend of its own per panel.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import MaxNLocator
 
 from .runner import BenchResults, RowResult
 
@@ -84,74 +87,141 @@ def _title(fig: Figure, text: str) -> None:
     fig.suptitle(textwrap.fill(text, per_line), fontsize=10)
 
 
+# (panel title, RowResult.summary field, what the bar and whiskers are)
+_BAR_PANELS = (
+    ("per block", "block", "per-block latency, ms\nbar: median (p50), whiskers: p10 to p90"),
+    (
+        "start-up",
+        "startup",
+        "start to first result, ms\nbar: median over sessions, whiskers: p10 to p90",
+    ),
+    (
+        "whole session",
+        "total",
+        "start + blocks + close, ms\nbar: median over sessions, whiskers: p10 to p90",
+    ),
+)
+
+
 def bars_figure(results: BenchResults) -> Figure:
-    """Per workload: per-block p50 per executor (log scale), error bars from p10 to p90."""
+    """Per workload (a column): per-block, start-up and whole-session time (a row each), on
+    linear axes; error bars from p10 to p90."""
     colours = executor_colours(results)
-    fig, workloads, axes = _panels(results)
-    for ax, workload in zip(axes, workloads, strict=False):
+    workloads = _workloads(results)
+    fig = Figure(figsize=(4.8 * max(1, len(workloads)), 11.0), layout="constrained")
+    grid = fig.subplots(len(_BAR_PANELS), max(1, len(workloads)), squeeze=False)
+    if not workloads:
+        grid[0][0].text(0.5, 0.5, "nothing measured", ha="center", va="center")
+    for column, workload in enumerate(workloads):
         rows = _measured(results, workload)
-        p50, low, high = [], [], []
-        for row in rows:
-            s = row.summary("block")
-            assert s is not None
-            p50.append(s.p50 * 1e3)
-            low.append((s.p50 - s.p10) * 1e3)
-            high.append((s.p90 - s.p50) * 1e3)
-        x = list(range(len(rows)))
-        bars = ax.bar(
-            x,
-            p50,
-            yerr=[low, high],
-            color=[colours[r.executor] for r in rows],
-            hatch=["//" if r.group == "floor" else None for r in rows],
-            edgecolor="white",
-            capsize=3,
-            ecolor="#444444",
-        )
-        ax.bar_label(bars, labels=[_ms(v) for v in p50], fontsize=6, padding=2)
-        _log_ms_axis(ax)
-        ax.set_xticks(x, [r.executor for r in rows], rotation=45, ha="right", fontsize=7)
-        ax.set_title(workload)
-        ax.set_ylabel("per-block latency, ms (log; p50, bars p10 to p90)", fontsize=8)
-    _title(fig, "kernelexec bench: per-block latency by executor (hatched: floors)")
+        for line, (title, field, label) in enumerate(_BAR_PANELS):
+            _bar_panel(grid[line][column], rows, field, colours)
+            grid[line][column].set_title(f"{workload}: {title}", fontsize=9)
+            grid[line][column].set_ylabel(label, fontsize=7)
+    _title(fig, "kernelexec bench by executor (hatched: floors; linear axes)")
     _legend(fig, results, colours, "hatch")
     return fig
 
 
-def _log_ms_axis(ax: Axes) -> None:
-    """A log scale whose ticks read as plain milliseconds (60, 1000), not 6x10^1."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    # Between decades only 2x and 5x are named: enough to read a bar, not a wall of numbers.
-    ax.yaxis.set_minor_formatter(
-        FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
+def _bar_panel(ax: Axes, rows: list[RowResult], field: str, colours: dict[str, str]) -> None:
+    shown = [(r, s) for r in rows if (s := r.summary(field)) is not None]
+    p50 = [s.p50 * 1e3 for _, s in shown]
+    # never below zero: equal samples can interpolate a p10 a rounding error above the p50
+    low = [max(0.0, s.p50 - s.p10) * 1e3 for _, s in shown]
+    high = [max(0.0, s.p90 - s.p50) * 1e3 for _, s in shown]
+    x = list(range(len(shown)))
+    bars = ax.bar(
+        x,
+        p50,
+        yerr=[low, high],
+        color=[colours[r.executor] for r, _ in shown],
+        hatch=["//" if r.group == "floor" else None for r, _ in shown],
+        edgecolor="white",
+        capsize=3,
+        ecolor="#444444",
     )
-    ax.tick_params(axis="y", which="minor", labelsize=6)
+    ax.bar_label(bars, labels=[_ms(v) for v in p50], fontsize=6, padding=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xticks(x, [r.executor for r, _ in shown], rotation=45, ha="right", fontsize=7)
+
+
+# One colour and marker per executor family; lines of one family in a panel differ by style.
+_FAMILIES = (
+    ("floor", ("subprocess", "jupyter-client", "docker-exec", "docker-run"), "#444444", "x"),
+    ("local", ("command", "kernel", "fork-kernel", "pool"), "#1f77b4", "o"),
+    ("sandboxed", ("sandboxed-",), "#2ca02c", "s"),
+    ("Docker", ("docker-",), "#ff7f0e", "^"),
+    ("gVisor", ("gvisor-",), "#9467bd", "D"),
+    ("AG2", ("ag2-",), "#d62728", "v"),
+    ("autogen-ext", ("autogen-",), "#8c564b", "P"),
+)
+_STYLES = ("-", "--", ":", "-.")
+_PANEL_LINES = 8
+
+
+def family(executor: str) -> tuple[str, str, str]:
+    """(family name, colour, marker) of an executor row."""
+    for name, members, colour, marker in _FAMILIES:
+        if executor in members or any(m.endswith("-") and executor.startswith(m) for m in members):
+            return name, colour, marker
+    return "other", "#7f7f7f", "*"
+
+
+def latency_panels(results: BenchResults) -> list[tuple[str, list[RowResult]]]:
+    """(title, rows) per panel: per workload, stateless rows then stateful ones, at most
+    ``_PANEL_LINES`` rows a panel."""
+    panels = []
+    for workload in _workloads(results):
+        for stateful in (False, True):
+            rows = [r for r in _measured(results, workload) if r.stateful is stateful]
+            count = -(-len(rows) // _PANEL_LINES)  # panels needed; rows shared out evenly
+            size = -(-len(rows) // count) if count else 1
+            chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+            kind = "stateful" if stateful else "stateless"
+            for n, chunk in enumerate(chunks):
+                part = f" ({n + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+                panels.append((f"{workload}, {kind}{part}", chunk))
+    return panels
 
 
 def latency_figure(results: BenchResults) -> Figure:
-    """Per workload: latency of block 1, 2, ... (median over sessions), one line per row."""
-    colours = executor_colours(results)
-    fig, workloads, axes = _panels(results)
-    for ax, workload in zip(axes, workloads, strict=False):
-        for row in _measured(results, workload):
+    """Latency of block 1, 2, ... (median over sessions), one line per row, a legend per panel."""
+    panels = latency_panels(results)
+    columns = min(2, max(1, len(panels)))
+    lines = max(1, -(-len(panels) // columns))
+    fig = Figure(figsize=(6.4 * columns, 3.6 * lines), layout="constrained")
+    axes = list(fig.subplots(lines, columns, squeeze=False).flat)
+    if not panels:
+        axes[0].text(0.5, 0.5, "nothing measured", ha="center", va="center")
+    for ax, (title, rows) in zip(axes, panels, strict=False):
+        seen: dict[str, int] = {}
+        for row in rows:
+            name, colour, marker = family(row.executor)
+            style = _STYLES[seen.get(name, 0) % len(_STYLES)]
+            seen[name] = seen.get(name, 0) + 1
             series = per_block_medians(row)
             ax.plot(
                 range(1, len(series) + 1),
                 [v * 1e3 for v in series],
-                "--" if row.group == "floor" else "-",
-                color=colours[row.executor],
-                marker=".",
+                style,
+                color=colour,
+                marker=marker,
+                markersize=4,
+                label=f"{row.executor} ({name})",
             )
-        _log_ms_axis(ax)
+        ax.set_ylim(bottom=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("block number in the session")
-        ax.set_ylabel("latency, ms (log; median over sessions)", fontsize=8)
-        ax.set_title(workload)
+        ax.set_xlabel("block number in the session", fontsize=8)
+        ax.set_ylabel("latency, ms (median over sessions)", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
     _title(
-        fig, "kernelexec bench: latency of each block (dashed: floors; block 1 includes warm-up)"
+        fig,
+        "kernelexec bench: latency of each block (linear axes; block 1 includes warm-up; "
+        "colour and marker: executor family)",
     )
-    _legend(fig, results, colours, "line")
     return fig
 
 

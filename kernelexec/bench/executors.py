@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .._errors import BackendUnavailable
@@ -286,7 +287,26 @@ def _open_pool(ctx: BenchContext, work: Path, shared: Any) -> Session:
 def _open_ag2_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
     from autogen.coding import LocalCommandLineCodeExecutor
 
-    return Ag2Session(LocalCommandLineCodeExecutor(work_dir=work, timeout=int(ctx.timeout)))
+    # AG2 runs ``python`` from PATH: its virtualenv option puts the bench's interpreter's folder
+    # first, so the row runs the interpreter every other row runs (see ``_ag2_python_check``).
+    venv = SimpleNamespace(bin_path=str(Path(ctx.python).parent), env_exe=ctx.python)
+    return Ag2Session(
+        LocalCommandLineCodeExecutor(
+            work_dir=work, timeout=int(ctx.timeout), virtual_env_context=venv
+        )
+    )
+
+
+def _ag2_python_check(ctx: BenchContext) -> str | None:
+    """Not comparable when AG2's ``python`` would be another interpreter than the bench's."""
+    path = os.pathsep.join((str(Path(ctx.python).parent), os.environ.get("PATH", "")))
+    found = shutil.which("python", path=path)
+    if found is None or os.path.abspath(found) != os.path.abspath(ctx.python):
+        return (
+            f"not comparable: AG2 runs `python` from PATH ({found or 'none found'}), "
+            f"not this run's interpreter {ctx.python}"
+        )
+    return None
 
 
 def kernel_gateway() -> str | None:
@@ -551,7 +571,7 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=False,
         floor="subprocess",
         open=_open_ag2_command,
-        check=_needs("autogen.coding", "LocalCommandLineCodeExecutor"),
+        check=_all(_needs("autogen.coding", "LocalCommandLineCodeExecutor"), _ag2_python_check),
     ),
     ExecutorSpec(
         name="ag2-jupyter",

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import os
 import platform
+import re
 import shutil
 import signal
 import tempfile
@@ -35,7 +36,14 @@ from .memory import OwnPeakGrowth, PeakSampler, descendants
 from .names import DEFAULT_IMAGE, WORKLOAD_NAMES
 from .sessions import Session
 from .stats import Summary, summarize
-from .workloads import Block, Workload, build_workloads, generate_csv, place_data
+from .workloads import (
+    SELF_TIME_TAG,
+    Block,
+    Workload,
+    build_workloads,
+    generate_csv,
+    place_data,
+)
 
 PROBE = "print(1)"  # the first block of every session: start to first result
 HOLD_DEFAULT = 200  # idle fork kernels held at once (issue 17's target)
@@ -428,6 +436,15 @@ def _run_blocks(
         if growth is not None and growth.grew is not None:
             record.metrics[f"host_growth_mib_block{i + 1}"] = growth.grew / 2**20
         _check(outcome, block.expect, f"block {i + 1}")
+        if block.self_time and (inside := _self_time(outcome.text)):
+            record.metrics[f"self_s_block{i + 1}"] = inside
+            record.metrics[f"over_self_block{i + 1}"] = record.block_s[-1] / inside
+
+
+def _self_time(text: str) -> float | None:
+    """The seconds a block timed itself spending (``SELF_TIME_TAG``), if it said."""
+    found = re.search(re.escape(SELF_TIME_TAG) + r"([0-9.]+)", text)
+    return float(found[1]) if found and float(found[1]) > 0 else None
 
 
 class BlockFailed(Exception):

@@ -33,13 +33,14 @@ import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from .._door import Door
-from .._errors import KernelExecError
+from .._errors import DangerousCommand, KernelExecError, WorkDirNotFound
 from .._executor import SyncExecutor, combine_results, error_result
 from .._extract import DISPLAY_ONLY, MarkdownCodeExtractor, extract_code_blocks, normalize_language
 from .._extract import _content_text as content_text
+from .._guard import REFUSAL, dangerous_command
 from .._types import CodeBlock as NativeBlock
 from .._types import ExecutionResult
 from .._workdir import filename_from_code, resolve_inside
@@ -73,6 +74,8 @@ DEFAULT_EXECUTION_POLICY: Mapping[str, bool] = {
 # Tags AG2 reads as another: its Docker executor's aliases, and Python's spellings.
 _TAG_ALIASES = {"py": "python", "js": "javascript", "python3": "python"}
 _SHELL_TAGS = frozenset({"bash", "shell", "sh", "pwsh", "powershell", "ps1"})
+# The tags AG2's sanitize_command checks (its local command-line executor, before each block).
+_SANITIZED_TAGS = frozenset({"bash", "shell", "sh"})
 
 # AG2 names a block's file on its first line, with or without "filename:", in the comment
 # syntax of the block's language.
@@ -157,8 +160,18 @@ class AG2CodeExecutor:
 
     Give an executor to wrap it (it stays yours to close), or ``kind=`` and executor options to
     have one built (closed by ``close()``). ``execution_policies`` maps language tags to run
-    (``True``) or save only (``False``), over ``DEFAULT_EXECUTION_POLICY``.
+    (``True``) or save only (``False``), over the class's ``DEFAULT_EXECUTION_POLICY``.
+
+    A ``work_dir`` that does not exist is made, as AG2's command-line executors make it: the
+    folder itself, never a missing parent (``WorkDirNotFound``, a ``FileNotFoundError``).
+    ``sanitize`` refuses ``bash``/``shell``/``sh`` blocks holding a dangerous command
+    (``rm -rf``, ``dd``, ...) with ``DangerousCommand`` (a ``ValueError``, AG2's message), as
+    AG2's ``LocalCommandLineCodeExecutor`` does: by default for ``kind="command"`` (the host's
+    own processes), as in AG2, whose other executors do not check.
     """
+
+    #: AG2's default policy per language tag (a class attribute, as AG2's executors have it)
+    DEFAULT_EXECUTION_POLICY: ClassVar[dict[str, bool]] = dict(DEFAULT_EXECUTION_POLICY)
 
     def __init__(
         self,
@@ -166,6 +179,7 @@ class AG2CodeExecutor:
         *,
         kind: str = "kernel",
         execution_policies: Mapping[str, bool] | None = None,
+        sanitize: bool | None = None,
         **options: Any,
     ) -> None:
         if executor is not None and options:
@@ -173,10 +187,13 @@ class AG2CodeExecutor:
         self._owned = executor is None
         self._given_work_dir = options.get("work_dir")
         self._given_timeout = options.get("timeout")
+        if self._given_work_dir is not None:
+            make_ag2_work_dir(Path(self._given_work_dir))
+        self.sanitize = (executor is None and kind == "command") if sanitize is None else sanitize
         self.executor: SyncExecutor[Any] = executor or make_executor(
             kind, **as_peers_do(kind, options)
         )
-        self.execution_policies: dict[str, bool] = dict(DEFAULT_EXECUTION_POLICY)
+        self.execution_policies: dict[str, bool] = dict(self.DEFAULT_EXECUTION_POLICY)
         self.execution_policies.update(execution_policies or {})
         self._extractor = AG2CodeExtractor(self.executor.code_extractor, self.execution_policies)
 
@@ -221,9 +238,13 @@ class AG2CodeExecutor:
 
     def _execute_one(self, block: Any) -> ExecutionResult:
         tag = (getattr(block, "language", "") or "").strip().lower()
+        code = str(block.code)
+        if self.sanitize and tag in _SANITIZED_TAGS:
+            why = dangerous_command(code)
+            if why is not None:  # AG2 raises before running the block (earlier ones ran)
+                raise DangerousCommand(REFUSAL + why)
         tag = _TAG_ALIASES.get(tag, tag)
         language = normalize_language(tag) if tag else ""
-        code = str(block.code)
         ipython = self.stateful and language == "shell" and _has_ipython_lines(code)
         if ipython:
             language = "python"  # as AG2's IPython executor runs it: IPython, ! lines included
@@ -338,6 +359,19 @@ class DockerCommandLineCodeExecutor(AG2CodeExecutor):
         if not code_blocks:
             raise ValueError("No code blocks to execute.")  # AG2's rule
         return super().execute_code_blocks(code_blocks)
+
+
+def make_ag2_work_dir(path: Path) -> None:
+    """Make the work dir as AG2's command-line executors do (``mkdir(exist_ok=True)``): the
+    folder itself when its parent exists; a missing parent is an error, never a chain made
+    (``/invalid/directory`` stays absent)."""
+    try:
+        path.mkdir(exist_ok=True)
+    except FileNotFoundError as exc:
+        raise WorkDirNotFound(
+            f"cannot make the work dir {path}: {path.parent} does not exist (as in AG2, the "
+            "folder is made, never the folders above it)"
+        ) from exc
 
 
 def _infer_tag(code: str) -> str:

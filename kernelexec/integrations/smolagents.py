@@ -58,11 +58,19 @@ class KernelExecPythonExecutor(RemotePythonExecutor):  # type: ignore[misc]
         **options: Any,
     ) -> None:
         self.executor = executor if executor is not None else make_executor(kind, **options)
-        super().__init__(
-            list(additional_imports or []),
-            logger or AgentLogger(level=LogLevel.INFO),
-            allow_pickle=allow_pickle,
-        )
+        logger = logger or AgentLogger(level=LogLevel.INFO)
+        # smolagents' base class prints "Initializing executor, hold on..." for its remote
+        # executors, which start a server here; a kernel starts at the first block, so the
+        # line would announce a wait that does not come.
+        level, logger.level = logger.level, LogLevel.OFF
+        try:
+            super().__init__(list(additional_imports or []), logger, allow_pickle=allow_pickle)
+        finally:
+            logger.level = level
+        #: what smolagents' CodeAgent reads after a failed step: ``_print_outputs`` (the
+        #: block's printed text) becomes the step's "Execution logs:" section, as with
+        #: smolagents' local executor, so the error text holds the error alone
+        self.state: dict[str, Any] = {}
         self.last_result: ExecutionResult | None = None
         if self.additional_imports:
             self.installed_packages = self.install_packages(self.additional_imports)
@@ -74,14 +82,17 @@ class KernelExecPythonExecutor(RemotePythonExecutor):  # type: ignore[misc]
         result = self.executor.execute(code)
         self.last_result = result
         logs = result.stdout
+        self.state["_print_outputs"] = logs
         final = _error_output(result.outputs, self.FINAL_ANSWER_EXCEPTION)
         if final is not None:
             value = self._deserialize_final_answer(final.get("evalue", ""), self.allow_pickle)
             return CodeOutput(output=value, logs=logs, is_final_answer=True)
         if not result.ok:
-            # kernelexec's text is what the block printed, then the cleaned-up traceback (or
-            # the timeout note): the logs are not lost with the error.
-            raise AgentError(f"Executing code yielded an error:\n{result.output}", self.logger)
+            # The printed text is in ``state`` (the step's "Execution logs:"); the error text
+            # is what kernelexec's output holds after it: the traceback, or the timeout note.
+            raise AgentError(
+                f"Executing code yielded an error:\n{_error_text(result)}", self.logger
+            )
         return CodeOutput(output=_last_value(result.outputs), logs=logs, is_final_answer=False)
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
@@ -103,6 +114,14 @@ class KernelExecPythonExecutor(RemotePythonExecutor):  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def _error_text(result: ExecutionResult) -> str:
+    """A failed block's output without what it printed to stdout (kept as its logs)."""
+    text = result.output
+    if result.stdout and text.startswith(result.stdout):
+        text = text[len(result.stdout) :]
+    return text.lstrip("\n") or str(result.error or f"exit code {result.exit_code}")
 
 
 def _error_output(outputs: list[NbOutput], ename: str) -> NbOutput | None:

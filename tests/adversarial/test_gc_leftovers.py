@@ -27,6 +27,7 @@ import pytest
 from kernelexec.backends._docker import labels_for
 from kernelexec.backends._docker_options import DEFAULT_IMAGE, DockerOptions
 from kernelexec.backends._owner import (
+    INDEX_ENV,
     OWNER_ENV,
     OWNER_FILE,
     OWNER_LINE,
@@ -50,9 +51,11 @@ def require_docker(problem: str | None) -> None:
 
 
 @pytest.fixture
-def tmp() -> Iterator[str]:
-    """A short temp folder of the case's own (a unix socket's path holds 107 bytes at most)."""
+def tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A short temp folder of the case's own (a unix socket's path holds 107 bytes at most),
+    and a gc index of its own (the folders made outside the standard temp folder)."""
     path = tempfile.mkdtemp(prefix="kxgc-")
+    monkeypatch.setenv(INDEX_ENV, os.path.join(path, "index"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -60,6 +63,7 @@ def tmp() -> Iterator[str]:
 def _env(tmp: str) -> dict[str, str]:
     env = {
         **os.environ,
+        INDEX_ENV: os.path.join(tmp, "index"),
         "TMPDIR": tmp,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(HOST.parent)]),
     }
@@ -275,3 +279,90 @@ def test_gc_removes_a_launcher_made_container_only_with_a_dead_owners_record(
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
         client.close()
+
+
+def test_gc_removes_a_dead_owners_runtime_alias_never_its_target(
+    tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Docker kernel with a deep ``bind_dir`` work dir names its sockets through a short
+    alias in the temp folder (``kernelexec-run-link-*``): a folder with the owner's record and
+    one link. Its owner gone, gc removes the folder; the runtime folder it points at (in the
+    work dir) stays; a live owner's alias and a bare link of that name stay."""
+    from kernelexec.backends.docker_kernel import drop_alias, short_alias
+
+    runtime = Path(tempfile.mkdtemp(dir=tmp))
+    (runtime / "kernel-1").write_text("socket stand-in")
+    made = subprocess.run(  # its owner: a process that is gone when gc runs
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from kernelexec.backends.docker_kernel import short_alias; "
+            "print(short_alias(Path(sys.argv[1])))",
+            str(runtime),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp),
+        check=True,
+        timeout=60,
+    )
+    dead = Path(made.stdout.strip())
+    assert dead.parent.parent == Path(tmp) and dead.is_symlink()
+    assert (dead / "kernel-1").read_text() == "socket stand-in"
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    live = short_alias(runtime)  # this process: alive
+    bare = Path(tmp, "kernelexec-run-link-bare")
+    bare.symlink_to(runtime, target_is_directory=True)
+
+    would = _line(_gc(tmp, "--dry-run"), "temp folder(s)")
+    assert would.partition(": ")[2].split() == [str(dead.parent)], would
+    _gc(tmp)
+    assert not os.path.lexists(dead.parent)
+    assert (runtime / "kernel-1").read_text() == "socket stand-in"  # the target: untouched
+    assert live.is_symlink() and bare.is_symlink()
+    drop_alias(live, kept=False)
+    assert not os.path.lexists(live.parent) and runtime.is_dir()
+
+
+def test_gc_finds_a_dead_owners_folder_made_under_another_tmpdir(tmp: str) -> None:
+    """A host run with another ``TMPDIR`` notes its private folders in the gc index; gc run
+    with any ``TMPDIR`` removes those whose owner is gone, and leaves a live owner's, a link
+    the index names, and entries naming anything but kernelexec's folders."""
+    elsewhere = Path(tmp, "elsewhere")
+    elsewhere.mkdir()
+    env = {**_env(tmp), "TMPDIR": str(elsewhere)}
+    made = subprocess.run(  # its owner: a process that is gone when gc runs
+        [
+            sys.executable,
+            "-c",
+            "import tempfile; from kernelexec.backends._owner import "
+            "mark_folder; d = tempfile.mkdtemp(prefix='kernelexec-ipc-'); mark_folder(d); print(d)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    dead = made.stdout.strip()
+    assert Path(dead).parent == elsewhere and Path(dead, OWNER_FILE).is_file()
+    live = tempfile.mkdtemp(prefix="kernelexec-fork-", dir=elsewhere)
+    mark_folder(live)  # this process: alive
+    index = Path(tmp, "index")
+    assert sorted(p.read_text() for p in index.iterdir()) == sorted([dead, live])
+    # Entries planted in the index: a link named like ours to a dead owner's folder copy, and
+    # a path that is not kernelexec's (never removed, whatever its record says).
+    copy = Path(tempfile.mkdtemp(dir=tmp))
+    shutil.copy(Path(dead, OWNER_FILE), copy / OWNER_FILE)
+    link = elsewhere / "kernelexec-ipc-link"
+    link.symlink_to(copy, target_is_directory=True)
+    (index / "link.path").write_text(str(link))
+    (index / "copy.path").write_text(str(copy))
+
+    would = _line(_gc(tmp, "--dry-run"), "temp folder(s)")  # TMPDIR: tmp, not elsewhere
+    assert would.partition(": ")[2].split() == [dead], would
+    _gc(tmp)
+    assert not os.path.lexists(dead) and Path(live, OWNER_FILE).is_file()
+    assert link.is_symlink() and (copy / OWNER_FILE).is_file()
+    assert not Path(index, Path(dead).name + ".path").exists()  # its entry went with it

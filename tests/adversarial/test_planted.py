@@ -193,6 +193,8 @@ def test_display_files_do_not_land_in_a_planted_host_folder(ex: Any, outside: Pa
         r = run(ex, code)
         assert all(p.resolve().is_relative_to(ex.work_dir.resolve()) for p in r.files), r.files
         assert any(o.get("output_type") == "display_data" for o in r.outputs)  # still an output
+        # and the result says the file was refused, and why (never "saved to")
+        assert "[image/png not saved to outputs/" in r.output and "symbolic link" in r.output
     finally:
         (ex.work_dir / "outputs").unlink(missing_ok=True)
 

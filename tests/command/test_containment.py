@@ -41,6 +41,12 @@ def ex(
     work = tmp_path_factory.mktemp("work")
     with CommandLineExecutor(backend=backend, work_dir=work, timeout=30) as executor:
         yield executor
+    assert our_cgroups() == []  # the executor's cgroup is removed when it closes
+
+
+def held_by_our_cgroups() -> set[int]:
+    """The processes in the cgroups this test process made (its executors' spawners, if any)."""
+    return {int(p) for c in our_cgroups() for p in (c / "cgroup.procs").read_text().split()}
 
 
 @pytest.mark.parametrize("form", list(ESCAPES))
@@ -60,7 +66,9 @@ def test_escaped_process_dies_with_the_block(
         pid = int(pidfile.read_text())
         assert gone_within(pid), f"{form} escaped {ex.backend.containment} after {ending}"
         assert ex.execute("print('still usable')").output == "still usable\n"
-        assert our_cgroups() == []  # one cgroup per block, removed when the block ends
+        # one cgroup per executor, made once: after a block it holds the spawner, nothing else
+        spawner = ex.backend._spawner  # type: ignore[attr-defined]
+        assert held_by_our_cgroups() <= ({spawner.pid} if spawner else set())
     finally:
         kill_leftover(pidfile)
 

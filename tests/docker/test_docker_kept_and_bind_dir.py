@@ -223,3 +223,61 @@ def test_kernel_container_removed_from_outside_is_said_and_replaced(
         assert r.kernel_died and r.state_lost
         assert "container was removed from outside" in r.output
         assert ex.execute("print('back')").output == "back\n"
+
+
+def test_a_deep_bind_dir_names_its_sockets_through_an_alias_gc_can_judge(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A work dir too deep for a unix socket's path: the sockets are reached through a short
+    alias in the temp folder, a folder carrying this process's owner record (so ``kernelexec
+    gc`` can collect it once the process is gone), removed at close."""
+    from kernelexec.backends._owner import ALIAS_PREFIX, OWNER_FILE, Owner, this_process
+
+    work = tmp_path / ("d" * 60) / ("e" * 60)
+    with make("kernel", work, bind_dir=str(work)) as ex:
+        assert ex.execute("print(6 * 7)").output == "42\n"
+        alias = ex.backend._alias  # type: ignore[attr-defined]
+        assert alias is not None and alias.parent.name.startswith(ALIAS_PREFIX)
+        assert alias.is_symlink() and not alias.parent.is_symlink()
+        record = Owner.from_text((alias.parent / OWNER_FILE).read_text())
+        assert record == this_process()
+    assert not os.path.lexists(alias.parent)
+
+
+@pytest.mark.parametrize("plant", ["connection-file", "runtime-folder"])
+def test_a_link_planted_after_the_runtime_folder_was_made_is_not_followed(
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    plant: str,
+) -> None:
+    """With bind_dir the runtime folder lies in the work dir's ``.kernelexec``. A link put
+    there right after the door made it (at the connection file's name, or in place of
+    ``.kernelexec`` with a folder of the same name behind it) is not written through, chowned
+    or mounted: the host folder stays as it was, and the kernel still starts."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "kernel.json").write_text("host file")
+    original = DockerKernel._make_runtime_dir
+
+    def planting(self: DockerKernel) -> Path:
+        runtime = original(self)
+        if plant == "connection-file":
+            (runtime / "kernel.json").symlink_to(host / "kernel.json")
+        else:
+            own = runtime.parent
+            (host / runtime.name).mkdir()
+            own.rename(own.with_name("moved"))
+            own.symlink_to(host, target_is_directory=True)
+        return runtime
+
+    monkeypatch.setattr(DockerKernel, "_make_runtime_dir", planting)
+    work = tmp_path / "work"
+    with make("kernel", work, bind_dir=str(work)) as ex:
+        assert ex.execute("print(6 * 7)").output == "42\n"
+    assert (host / "kernel.json").read_text() == "host file"
+    assert os.stat(host).st_uid == os.getuid()
+    assert all(
+        p.stat().st_uid == os.getuid() and not any(p.iterdir())
+        for p in host.glob("kernelexec-run-*")
+    )

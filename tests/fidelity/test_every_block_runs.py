@@ -9,6 +9,7 @@ is reported as dead before the next block, which did not run.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from typing import Any
@@ -43,6 +44,29 @@ def _abort_next(n):
     k._aborting = True
 _abort_next({n})
 del _abort_next
+"""
+
+# The same for kernelexec's own requests (silent ones too): the next ``n`` requests with code
+# (not the empty marker the executor may send after a block) are aborted.
+ABORT_OWN = ABORT_NEXT.replace(
+    'if not msg["content"].get("silent"):', 'if msg["content"].get("code"):'
+)
+
+# ipykernel's abort window, opened as a request that failed with stop_on_error opens it, with
+# ``stop_on_error_timeout`` raised to 3 s so that everything sent in those 3 s is aborted:
+# ipykernel 6 (the image's) by its own call; ipykernel 7 closes its window with a message, not
+# a timer, so there a timer closes it.
+OPEN_ABORT_WINDOW = """\
+def _open_window(k=get_ipython().kernel):
+    import threading
+    k.stop_on_error_timeout = 3.0
+    if getattr(k, "shell_channel_thread", None) is None:
+        k._abort_queues()
+    else:
+        k._aborting = True
+        threading.Timer(k.stop_on_error_timeout, setattr, (k, "_aborting", False)).start()
+_open_window()
+del _open_window
 """
 
 
@@ -133,3 +157,71 @@ def test_a_kernel_killed_while_idle_is_told_apart(backend: str, tmp_path: Any) -
         r = ex.execute("import os, signal; print('in', flush=True); os.kill(os.getpid(), 9)")
         assert r.kernel_died and not r.not_run and "while running this block" in r.output
         assert ex.execute("print('usable')").output == "usable\n"
+
+
+@pytest.mark.parametrize("backend", params(KERNELS), indirect=True)
+def test_an_own_request_the_kernel_aborted_once_is_sent_again(ex: Any) -> None:
+    ex.execute("runs = 0")
+    assert ex.execute(ABORT_OWN.format(n=1)).ok
+    # The work dir is gone: kernelexec puts the kernel back in it with a silent request first,
+    # which the kernel aborts; sent again, it runs, and so does the block.
+    shutil.rmtree(ex.work_dir)
+    _follow_up_runs(ex, 0)
+    assert ex.work_dir.is_dir()
+
+
+@pytest.mark.parametrize("backend", params(KERNELS), indirect=True)
+def test_an_own_request_in_a_wide_abort_window_says_not_run(ex: Any) -> None:
+    ex.execute("runs = 0")
+    assert ex.execute(OPEN_ABORT_WINDOW).ok
+    shutil.rmtree(ex.work_dir)
+    r = ex.execute(COUNTED)
+    assert r.not_run and r.exit_code == 1 and not r.kernel_died, r.output
+    assert r.error is not None and r.error.ename == "NotRun", r.error
+    assert r.output.startswith("Not run: the kernel aborted the request twice"), r.output
+    time.sleep(3.5)  # the window closes
+    _follow_up_runs(ex, 0)  # it never ran: the counter is where it was
+
+
+# A line printed after text went to fd 1 (os.write, a child that has ended) comes after that
+# text in the result. Kernels of ipykernel 7 (local, forked, sandboxed); the Docker image's
+# ipykernel 6.17 moves each write through its iopub thread and still mixes some (see docs).
+ORDERED = (
+    "import os, subprocess\n"
+    "for i in range(30):\n"
+    "    print(f'p{i}')\n"
+    "    _ = os.write(1, f'f{i}\\n'.encode())\n"
+    "    if i % 10 == 0: _ = subprocess.run(['echo', f'c{i}'])\n"
+)
+
+
+@pytest.mark.parametrize(
+    "backend", params(("kernel", "fork-kernel", "sandboxed-kernel")), indirect=True
+)
+def test_fd_text_and_prints_keep_the_order_written(ex: Any) -> None:
+    want = "".join(f"p{i}\nf{i}\n" + (f"c{i}\n" if i % 10 == 0 else "") for i in range(30))
+    for _ in range(5):
+        r = ex.execute(ORDERED)
+        assert (r.stdout, r.output) == (want, want)
+
+
+@pytest.mark.parametrize("backend", params(("kernel", "docker-kernel")), indirect=True)
+def test_blocks_that_exit_or_leave_a_printing_child_say_so(ex: Any) -> None:
+    r = ex.execute("kept = 1\nprint('before')\nimport sys; sys.exit(3)")
+    assert r.error is not None and r.error.ename == "SystemExit" and not r.kernel_died, r.output
+    assert r.stdout == "before\n" and ex.execute("print(kept)").output == "1\n"
+    # A child forked by the block prints after the block ended: in no block, least of all
+    # the next one.
+    r = ex.execute(
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(0.5); print('KXLATECHILD', flush=True); os._exit(0)\n"
+        "print('parent')"
+    )
+    assert r.ok and r.output == "parent\n", r.output
+    r = ex.execute("import time; time.sleep(1.5); print('next')")
+    assert r.output == "next\n", r.output
+    r = ex.execute("import os; os._exit(0)")
+    assert r.kernel_died and r.state_lost and not r.not_run and r.exit_code == 1, r.output
+    assert "while running this block" in r.output
+    assert ex.execute("print('kept' in dir())").output == "False\n"

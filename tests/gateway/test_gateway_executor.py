@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,24 @@ def test_image_bytes_round_trip(ex: KernelExecutor) -> None:
     code = f"from IPython.display import Image, display\ndisplay(Image(data={raw!r}, format='png'))"
     r = ex.execute(code)
     assert base64.b64decode(r.outputs[-1]["data"]["image/png"]) == raw
+
+
+def test_shell_blocks_and_child_processes_find_the_system_commands(ex: KernelExecutor) -> None:
+    # Enterprise Gateway starts kernels with no PATH: the kernel's bin dir goes before the
+    # default search path, not before an empty entry (the work dir) and nothing else.
+    assert ex.execute("echo from-bash $0", "shell").output == "from-bash bash\n"
+    r = ex.execute("import os, subprocess; _ = subprocess.run(['sh', '-c', 'echo from-sh'])")
+    assert r.ok and r.output == "from-sh\n", r.output
+    assert "" not in ex.execute("print(os.environ['PATH'])").output.strip().split(os.pathsep)
+
+
+def test_fd_output_lands_in_its_own_block(ex: KernelExecutor) -> None:
+    # Enterprise Gateway's kernels run ipykernel 6.29, which tied kernelexec's fd reader to the
+    # set-up request: os.write and child output went out under it, in no block (9 of 15 lost).
+    for i in range(5):
+        code = f"import os, subprocess\n_ = os.write(1, b'w{i}\\n')\n"
+        r = ex.execute(code + f"_ = subprocess.run(['echo', 'e{i}'])")
+        assert (r.stdout, r.output) == (f"w{i}\ne{i}\n", f"w{i}\ne{i}\n")
 
 
 def test_exception_is_a_result(ex: KernelExecutor) -> None:

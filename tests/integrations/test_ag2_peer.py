@@ -16,7 +16,7 @@ pytest.importorskip("autogen.coding", reason="the ag2 extra is installed in CI (
 
 from autogen.coding import CodeBlock, LocalCommandLineCodeExecutor, MarkdownCodeExtractor
 
-from kernelexec import UnknownExecutor
+from kernelexec import KernelExecError, UnknownExecutor
 from kernelexec._registry import EXECUTOR_NAMES
 from kernelexec.integrations.ag2 import AG2CodeExecutor
 
@@ -208,6 +208,7 @@ def test_relative_python_is_resolved_against_the_callers_cwd(
 ) -> None:
     relative = relative_python(form, tmp_path, monkeypatch)
     block = [CodeBlock(code="import sys\nprint(sys.prefix)", language="python")]
+    (tmp_path / "deep").mkdir()  # AG2 makes the work dir, not its parents (issue 32.2)
     with AG2CodeExecutor(kind=kind, python=relative, work_dir=tmp_path / "deep" / "work") as ours:
         monkeypatch.chdir(tmp_path)  # a later cwd change does not matter either
         result = ours.execute_code_blocks(block)
@@ -281,3 +282,114 @@ def test_a_chat_through_the_adapter_with_numbered_steps(adapter: AG2CodeExecutor
     steps = "Steps:\n\n1. compute:\n    " + flows.FIB.split("\n", 1)[1].replace("\n", "\n    ")
     heard = ag2_chat(adapter, "fib 14", steps, flows.DONE)
     assert heard == ["exitcode: 0 (execution succeeded)\nCode output: 377\n"]
+
+
+# -- issue 32.2 / 32.3 / 32.5: work dir, class policies, dangerous commands ----------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_missing_work_dir_parent_is_file_not_found_as_ag2(kind: str, tmp_path: Path) -> None:
+    """AG2 makes the work dir itself (``mkdir(exist_ok=True)``) and refuses a missing parent;
+    kernelexec made the whole chain (``/invalid/directory`` at the root)."""
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError):
+        LocalCommandLineCodeExecutor(work_dir=missing)
+    with pytest.raises(FileNotFoundError, match="does not exist") as caught:
+        AG2CodeExecutor(kind=kind, work_dir=missing)
+    assert isinstance(caught.value, KernelExecError)
+    assert not (tmp_path / "no").exists()
+    # One level is made by both.
+    LocalCommandLineCodeExecutor(work_dir=tmp_path / "peer")
+    with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "ours") as ours:
+        assert ours.work_dir == tmp_path / "ours"
+    assert (tmp_path / "peer").is_dir() and (tmp_path / "ours").is_dir()
+
+
+def test_default_execution_policy_is_a_class_attribute_as_ag2() -> None:
+    from autogen.coding import DockerCommandLineCodeExecutor as DockerPeer
+
+    from kernelexec.integrations.ag2 import DockerCommandLineCodeExecutor
+
+    assert AG2CodeExecutor.DEFAULT_EXECUTION_POLICY == (
+        LocalCommandLineCodeExecutor.DEFAULT_EXECUTION_POLICY
+    )
+    assert DockerCommandLineCodeExecutor.DEFAULT_EXECUTION_POLICY == (
+        DockerPeer.DEFAULT_EXECUTION_POLICY
+    )
+
+
+# Each line matches one of AG2's patterns; ``exit 0`` comes first, so nothing dangerous would
+# run even if the block were not refused; ``ran.txt`` tells whether the block started at all.
+DANGEROUS = [
+    "rm -rf ./gone",
+    "mv ./missing /dev/null",
+    "dd if=/dev/null of=/dev/null count=0",
+    "f() { echo x > /dev/sdq1; }",
+    ":(){ :|:& };:",
+]
+
+
+@pytest.mark.parametrize("command", DANGEROUS)
+@pytest.mark.parametrize("tag", ["bash", "sh", "shell"])
+def test_dangerous_commands_are_refused_as_ag2(command: str, tag: str, tmp_path: Path) -> None:
+    code = f"touch ran.txt; exit 0\n{command}\n"
+    before = CodeBlock(code="echo first > first.txt", language="sh")
+    block = CodeBlock(code=code, language=tag)
+    peer_error = ours_error = None
+    try:
+        peer(tmp_path).execute_code_blocks([before, block])
+    except ValueError as exc:
+        peer_error = str(exc)
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path / "ours", timeout=60) as adapter:
+        with pytest.raises(ValueError) as caught:
+            adapter.execute_code_blocks([before, block])
+        ours_error = str(caught.value)
+        assert isinstance(caught.value, KernelExecError)
+    assert peer_error is not None and ours_error == peer_error
+    assert ours_error.startswith("Potentially dangerous command detected: ")
+    for side in ("peer", "ours"):  # the block before ran; the refused one did not start
+        assert (tmp_path / side / "first.txt").exists()
+        assert not (tmp_path / side / "ran.txt").exists()
+
+
+def test_only_the_local_command_kind_sanitizes_by_default(tmp_path: Path) -> None:
+    """AG2's IPython and Docker executors do not check: neither does the adapter on a kernel
+    (a container's own isolation is the guard); ``sanitize=`` chooses either way."""
+    block = CodeBlock(code="exit 0\nrm -rf ./gone", language="bash")
+    with AG2CodeExecutor(kind="kernel", work_dir=tmp_path / "k", timeout=60) as kernel:
+        assert kernel.execute_code_blocks([block]).exit_code == 0
+    with AG2CodeExecutor(kind="command", work_dir=tmp_path / "c", sanitize=False) as command:
+        assert command.execute_code_blocks([block]).exit_code == 0
+
+
+# -- issue 32.4: fences indented four spaces or more ---------------------------------------------
+
+OVER_INDENTED = (
+    "Steps:\n\n1. Compute:\n\n"
+    "        ```python\n        x = 6 * 7\n\n        print(x)\n        ```\n"
+    "2. Report:\n         ```bash\n         echo done\n         ```\n"
+    "3. Top level, four spaces:\n\n    ```sh\n    echo top\n    ```\n"
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_over_indented_fences_are_found_as_ag2_finds_them(kind: str, tmp_path: Path) -> None:
+    """AG2's regular expression finds these fences; CommonMark reads them as indented code
+    (kernelexec found none: the agent replied '' and ran nothing). The adapter finds the same
+    blocks, each line without the fence's indent (AG2 keeps it: its Python fails to compile)."""
+    import textwrap
+
+    theirs = MarkdownCodeExtractor().extract_code_blocks(OVER_INDENTED)
+    with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "ours", timeout=60) as adapter:
+        ours = adapter.code_extractor.extract_code_blocks(OVER_INDENTED)
+        assert (
+            [b.language for b in ours] == [b.language for b in theirs] == ["python", "bash", "sh"]
+        )
+        assert [b.code for b in ours] == [textwrap.dedent(b.code) for b in theirs]
+        result = adapter.execute_code_blocks(ours)
+        assert result.exit_code == 0 and result.output.split() == ["42", "done", "top"]
+    # The same reply through a chat: the executor agent runs them.
+    with AG2CodeExecutor(kind=kind, work_dir=tmp_path / "chat", timeout=60) as adapter:
+        heard = ag2_chat(adapter, "compute", OVER_INDENTED, flows.DONE)
+    assert heard[0].startswith("exitcode: 0 (execution succeeded)")
+    assert heard[0].split()[-3:] == ["42", "done", "top"]

@@ -140,3 +140,83 @@ def test_missing_module_then_pip_install(kind: str, pip_setup: PipSetup, tmp_pat
     outputs = asyncio.run(main())
     assert "ModuleNotFoundError" in outputs[0]
     assert outputs[2] == "kxdemo says 42\n"
+
+
+# -- issue 32.6: issue 32's AG2 list through AG2 1.x ---------------------------------------------
+# AG2 1.x has no DEFAULT_EXECUTION_POLICY and no markdown extraction (code comes as a tool
+# call's arguments), so 32.3 and 32.4 do not apply; the rest is checked side by side with its
+# LocalEnvironment (behind AG2's own CodeAdapter, as SandboxCodeTool builds it).
+
+
+def peer_run(path: Path, code: str, language: str) -> Any:
+    from ag2.tools.code.tool import CodeAdapter
+    from ag2.tools.sandbox import LocalEnvironment
+
+    async def main() -> Any:
+        return await CodeAdapter(LocalEnvironment(path)).run(code, language)  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+def ours_run(path: Path, code: str, language: str, **options: Any) -> Any:
+    async def main() -> Any:
+        async with KernelCodeEnvironment(kind="command", work_dir=path, **options) as env:
+            return await env.run(code, language)  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+def test_a_missing_work_dir_chain_is_made_as_ag2_1x(tmp_path: Path) -> None:
+    """AG2 1.x's LocalEnvironment makes the whole chain (``mkdir(parents=True)``), unlike
+    classic AG2: a 1.x user asked for it, so kernelexec does the same here."""
+    peer = peer_run(tmp_path / "peer" / "a" / "b", "print(1)", "python")
+    ours = ours_run(tmp_path / "ours" / "a" / "b", "print(1)", "python")
+    assert (
+        (peer.exit_code, peer.output.strip()) == (ours.exit_code, ours.output.strip()) == (0, "1")
+    )
+    assert (tmp_path / "peer" / "a" / "b").is_dir() and (tmp_path / "ours" / "a" / "b").is_dir()
+
+
+def test_dangerous_commands_run_as_in_ag2_1x_unless_refused(tmp_path: Path) -> None:
+    """AG2 1.x checks no command (its SandboxShellTool has allow and block lists instead): the
+    guard-rail is kernelexec's opt-in ``refuse_dangerous``, a failed result the model reads."""
+    code = "touch ran.txt; exit 0\nrm -rf ./gone"
+    peer = peer_run(tmp_path / "peer", code, "bash")
+    ours = ours_run(tmp_path / "ours", code, "bash")
+    assert peer.exit_code == ours.exit_code == 0
+    assert (tmp_path / "peer" / "ran.txt").exists() and (tmp_path / "ours" / "ran.txt").exists()
+    refused = ours_run(tmp_path / "guarded", code, "bash", refuse_dangerous=True)
+    assert refused.exit_code != 0 and "Potentially dangerous command detected" in refused.output
+    assert not (tmp_path / "guarded" / "ran.txt").exists()
+
+
+@pytest.mark.docker
+def test_docker_environment_and_labels_add_to_kernelexecs(
+    tmp_path: Path, docker_ready: None
+) -> None:
+    """Issue 32.1 through AG2 1.x: ``run_kwargs``' environment and labels reach the container
+    (the environment as AG2 1.x's DockerSandbox ``env_vars`` does), kernelexec's labels kept."""
+    import uuid
+
+    import docker
+
+    from kernelexec.backends._owner import OWNER_LABEL
+
+    team = uuid.uuid4().hex
+    create = {"environment": {"GREETING": "hi"}, "labels": {"team": team, OWNER_LABEL: "forged"}}
+
+    async def main() -> tuple[Any, dict[str, str]]:
+        async with KernelCodeEnvironment(
+            kind="docker-command", work_dir=tmp_path, run_kwargs=create
+        ) as env:
+            result = await env.run("echo $GREETING", "bash")
+            client = docker.from_env()
+            try:
+                [container] = client.containers.list(filters={"label": f"team={team}"})
+                return result, container.labels
+            finally:
+                client.close()
+
+    result, labels = asyncio.run(main())
+    assert (result.exit_code, result.output.strip()) == (0, "hi")
+    assert labels["team"] == team and labels[OWNER_LABEL] != "forged"

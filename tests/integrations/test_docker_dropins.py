@@ -264,10 +264,16 @@ PEER_IMAGE = "kernelexec/python-peers:test"
 
 def peer_image() -> str:
     """The kernelexec image plus a ``python`` command (both peers run ``python file``; the
-    kernelexec image has only ``python3``), built offline from the local image: no pull."""
+    kernelexec image has only ``python3``), built offline from the local image: no pull.
+    ``$KERNELEXEC_PEER_IMAGE`` names a ready one instead (``kernelexec/python`` once its recipe,
+    which now links ``python``, is rebuilt)."""
     import io
+    import os
 
     import docker
+
+    if os.environ.get("KERNELEXEC_PEER_IMAGE"):
+        return os.environ["KERNELEXEC_PEER_IMAGE"]
 
     client = docker.from_env()
     try:
@@ -373,18 +379,32 @@ def test_autogen_drop_in_side_by_side_with_autogen_exts_docker_executor(tmp_path
     assert Path(theirs[0].code_file).suffix == ".python" and Path(ours[0].code_file).suffix == ".py"
 
 
-def test_the_peers_cannot_run_python_on_the_plain_kernelexec_image(tmp_path: Path) -> None:
-    """The named difference on ``kernelexec/python`` itself: it has ``python3`` and no
-    ``python``, which both peers call; the drop-ins run ``python3`` and work. Shell blocks agree."""
+def test_the_peers_run_python_on_the_kernelexec_image_once_rebuilt(tmp_path: Path) -> None:
+    """The peers call ``python``; the kernelexec image's recipe now links it (issue 32). An
+    image built from an older recipe has ``python3`` only: the peer's Python fails there (127)
+    while the drop-ins run ``python3``. Shell blocks agree either way."""
+    import docker
     from autogen.coding import DockerCommandLineCodeExecutor as Peer
 
+    from kernelexec._image import LABEL_RECIPE, recipe_hash
+
+    client = docker.from_env()
+    try:
+        current = client.images.get(DEFAULT_IMAGE).labels.get(LABEL_RECIPE) == recipe_hash(
+            offline=True
+        )
+    finally:
+        client.close()
     blocks = [AG2Block(code="print(1)", language="python"), AG2Block(code="echo 1", language="sh")]
     results = {}
     for side, make in (("peer", Peer), ("ours", ag2.DockerCommandLineCodeExecutor)):
         with make(image=DEFAULT_IMAGE, work_dir=peer_work_dir(tmp_path / side)) as executor:
             results[side] = [executor.execute_code_blocks([b]) for b in blocks]
     (peer_py, peer_sh), (our_py, our_sh) = results["peer"], results["ours"]
-    assert peer_py.exit_code == 127 and "python" in peer_py.output
+    if current:
+        assert (peer_py.exit_code, peer_py.output) == (0, "1\n")
+    else:
+        assert peer_py.exit_code == 127 and "python" in peer_py.output
     assert (our_py.exit_code, our_py.output) == (0, "1\n")
     assert (our_sh.exit_code, our_sh.output) == (peer_sh.exit_code, peer_sh.output) == (0, "1\n")
 
@@ -451,3 +471,76 @@ def test_kept_container_as_the_peer_keeps_it(
             remove_container(name)
         client.close()
     assert states["ours"] == states["peer"] == ("removed" if auto_remove else "exited")
+
+
+# -- issue 32.1 / 32.2: container_create_kwargs and the work dir, side by side with AG2's ---------
+
+
+def test_ag2_container_create_kwargs_environment_and_labels_as_ag2(tmp_path: Path) -> None:
+    """AG2 forwards ``container_create_kwargs`` to the engine; kernelexec raised TypeError for
+    ``environment`` and let ``labels`` replace its own (``gc`` relies on them). Both now add
+    to kernelexec's: the caller's values win, but never over kernelexec's owner labels."""
+    import uuid
+
+    import docker
+    from autogen.coding import DockerCommandLineCodeExecutor as Peer
+
+    from kernelexec.backends._docker_options import LABEL_SESSION
+    from kernelexec.backends._owner import OWNER_LABEL
+
+    forged = {OWNER_LABEL: "forged", LABEL_SESSION: "forged"}
+    create = {
+        "environment": {"GREETING": "hi", "HOME": "/work"},
+        "labels": {"team": "kx", **forged},
+    }
+    block = AG2Block(code='echo "$GREETING $HOME"', language="sh")
+    client = docker.from_env()
+    seen = {}
+    try:
+        for side, make in (("peer", Peer), ("ours", ag2.DockerCommandLineCodeExecutor)):
+            name = f"kx-create-{side}-{uuid.uuid4().hex[:8]}"
+            with make(
+                image=DEFAULT_IMAGE,
+                container_name=name,
+                work_dir=peer_work_dir(tmp_path / side),
+                container_create_kwargs=create,
+            ) as executor:
+                result = executor.execute_code_blocks([block])
+                seen[side] = (result.exit_code, result.output, client.containers.get(name).labels)
+    finally:
+        client.close()
+    assert seen["ours"][:2] == seen["peer"][:2] == (0, "hi /work\n")
+    assert seen["peer"][2]["team"] == seen["ours"][2]["team"] == "kx"
+    ours = seen["ours"][2]
+    assert ours[OWNER_LABEL] != "forged" and ours[LABEL_SESSION] != "forged"
+
+
+def test_ag2_docker_work_dir_missing_parent_as_ag2(tmp_path: Path) -> None:
+    """AG2's Docker executor makes the work dir, not its parents: FileNotFoundError, nothing
+    made, nothing handed to the container user, no container left."""
+    import os
+
+    import docker
+    from autogen.coding import DockerCommandLineCodeExecutor as Peer
+
+    client = docker.from_env()
+
+    def ours_or_peers() -> set[str]:  # other processes' containers come and go meanwhile
+        mine = client.containers.list(
+            all=True, filters={"label": f"kernelexec.owner_pid={os.getpid()}"}
+        )
+        peers = client.containers.list(all=True, filters={"name": "autogen-code-exec-"})
+        return {c.id for c in [*mine, *peers]}
+
+    before = ours_or_peers()
+    try:
+        for make in (Peer, ag2.DockerCommandLineCodeExecutor):
+            with pytest.raises(FileNotFoundError):
+                make(image=DEFAULT_IMAGE, work_dir=tmp_path / "no" / "such")
+        assert not (tmp_path / "no").exists()
+        assert ours_or_peers() <= before
+    finally:
+        client.close()
+    with ag2.DockerCommandLineCodeExecutor(image=DEFAULT_IMAGE, work_dir=tmp_path / "new") as ex:
+        result = ex.execute_code_blocks([AG2Block(code="echo made > made.txt", language="sh")])
+    assert result.exit_code == 0 and (tmp_path / "new" / "made.txt").read_text() == "made\n"

@@ -114,7 +114,8 @@ def test_values_images_and_errors(executor: KernelExecPythonExecutor) -> None:
     assert png.output.size == (4, 3)  # the block's image value comes back as a PIL image
     with pytest.raises(AgentError, match="NameError") as failed:
         executor("print('before'); undefined_name")
-    assert "before" in str(failed.value)  # what it printed before failing is kept
+    assert "NameError" in str(failed.value)
+    assert executor.state["_print_outputs"] == "before\n"  # the step's "Execution logs:"
     assert executor("x").output == "6"  # the failed block kept the state
 
 
@@ -122,3 +123,38 @@ def test_an_unknown_kind_is_refused() -> None:
     quiet = AgentLogger(level=LogLevel.OFF)
     with pytest.raises(ValueError, match="unknown executor"):
         KernelExecPythonExecutor(logger=quiet, kind="no-such-kind")
+
+
+def _error_step(executor: Any) -> Any:
+    """The memory step of a CodeAgent whose second block prints, then fails."""
+    model = ScriptedModel([code("print('before', 6 * 7)\nundefined_name"), code("final_answer(1)")])
+    agent = CodeAgent(tools=[], model=model, executor=executor, max_steps=3, verbosity_level=0)
+    assert agent.run("fail once") == 1
+    [step] = [s for s in agent.memory.steps if getattr(s, "error", None) is not None]
+    return step
+
+
+def test_an_error_step_has_execution_logs_as_smolagents_own_executor(
+    executor: KernelExecPythonExecutor,
+) -> None:
+    """Issue 32.13: smolagents' CodeAgent makes a failed step's "Execution logs:" section from
+    its executor's ``state["_print_outputs"]`` (its local executor keeps it there); kernelexec
+    put the printed text inside the error text instead."""
+    from smolagents.local_python_executor import LocalPythonExecutor
+
+    theirs = _error_step(LocalPythonExecutor(additional_authorized_imports=[]))
+    ours = _error_step(executor)
+    assert theirs.observations == ours.observations == "Execution logs:\nbefore 42\n"
+    assert "NameError" in str(ours.error) and "undefined_name" in str(theirs.error)
+    assert "before 42" not in str(ours.error)  # the printed text, not the traceback's source
+
+
+def test_no_initializing_line_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """smolagents' remote executors print "Initializing executor, hold on..." as their server
+    starts; a kernel starts at the first block, so the line is not printed (at INFO, the
+    default level, the rest of smolagents' output is)."""
+    logger = AgentLogger(level=LogLevel.INFO)
+    with KernelExecPythonExecutor(logger=logger, timeout=60):
+        pass
+    assert "Initializing executor" not in capsys.readouterr().out
+    assert logger.level == LogLevel.INFO

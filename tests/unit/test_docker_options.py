@@ -78,3 +78,20 @@ def test_recipe_hash_follows_the_recipe() -> None:
     assert recipe_hash(offline=True) == recipe_hash(offline=True)
     assert "ipykernel_launcher" in recipe_text("Dockerfile.offline")
     assert "USER 1000:1000" in recipe_text("Dockerfile")
+
+
+def test_run_kwargs_labels_and_environment_add_to_kernelexecs() -> None:
+    """Issue 32.1: ``run_kwargs`` (the AG2 drop-in's ``container_create_kwargs``) labels and
+    environment merge, in docker-py's dict or list form; kernelexec's own labels win."""
+    run_kwargs = {
+        "labels": ["team", "kernelexec.owner=forged"],
+        "environment": ["GREETING=hi", "HOME=/work", "BARE"],
+        "hostname": "kx",
+    }
+    options = DockerOptions(run_kwargs=run_kwargs, environment={"GREETING": "hello"})
+    kwargs = container_kwargs(options, labels={"kernelexec.owner": "me"})
+    assert kwargs["labels"] == {"team": "", "kernelexec.owner": "me"}
+    assert "environment" not in kwargs and kwargs["hostname"] == "kx"
+    env = container_env(options, {"EXTRA": "1"})
+    assert env["HOME"] == "/work" and env["GREETING"] == "hello" and env["EXTRA"] == "1"
+    assert "BARE" not in env and env["LANG"] == "C.UTF-8"

@@ -376,3 +376,51 @@ def test_a_notebook_in_the_work_dir_is_written_through_the_door(work: Path, host
         write_text_atomic("{}", work / "s.ipynb", door=d)  # the link itself is replaced
     assert (work / "s.ipynb").read_text() == "{}" and not (work / "s.ipynb").is_symlink()
     untouched(host)
+
+
+# -- 30, left open (b): a work dir that is itself a link -----------------------------------------
+def test_a_link_put_in_place_of_a_removed_work_dir_is_refused(tmp_path: Path, host: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with Door(work) as d:
+        d.write_bytes("a", b"1")
+        (work / "a").unlink()
+        work.rmdir()
+        work.symlink_to(host, target_is_directory=True)  # the removed work dir, now a link
+        with pytest.raises(UnsafePath, match="symbolic link put in its place"):
+            d.write_bytes("evil", b"2")
+        with pytest.raises(UnsafePath):
+            d.write_bytes("evil", b"2")  # and on every later try
+    untouched(host)
+
+
+def test_an_executor_resolves_a_work_dir_link_once(tmp_path: Path, host: Path) -> None:
+    """The work dir named through a link: resolved when the executor is made; blocks, the
+    files API and result paths keep using that folder when the link is pointed elsewhere."""
+    from kernelexec import make_executor
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    with make_executor("command", work_dir=link, timeout=30) as ex:
+        assert ex.work_dir == real.resolve()
+        link.unlink()
+        link.symlink_to(host, target_is_directory=True)
+        r = ex.execute("open('made.txt', 'w').write('block')")
+        assert r.ok, r.output
+        ex.write_file("api.txt", b"api")
+        assert r.files == [real.resolve() / "made.txt"]
+    assert (real / "made.txt").read_text() == "block" and (real / "api.txt").exists()
+    untouched(host)
+
+
+@pytest.mark.parametrize("target", ["missing", "loop"])
+def test_a_work_dir_link_to_nothing_is_a_clear_error(tmp_path: Path, target: str) -> None:
+    from kernelexec import make_executor
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / ("missing" if target == "missing" else "link"))
+    with pytest.raises(InvalidWorkDir, match="is a symbolic link"):
+        make_executor("command", work_dir=link)
+    assert not (tmp_path / "missing").exists()

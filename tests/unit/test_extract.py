@@ -58,8 +58,64 @@ def test_indented_fence_strips_its_indent_from_the_body() -> None:
     assert block.code == "if True:\n    print(1)"
 
 
-def test_four_space_indent_is_not_a_fence() -> None:
-    assert extract_code_blocks("    ```python\n    print(1)\n    ```\n") == []
+def test_four_space_indented_fence_is_a_fence_unlike_commonmark() -> None:
+    """CommonMark reads it as an indented code block holding the fence; LLMs mean code."""
+    assert extract_code_blocks("    ```python\n    print(1)\n    ```\n") == [
+        CodeBlock(code="print(1)", language="python")
+    ]
+    # Plain indented code (no fence in it) is still not a block to run.
+    assert extract_code_blocks("    x = 1\n    print(x)\n") == []
+
+
+def test_too_deeply_indented_fences_in_list_items_are_found() -> None:
+    """Issue 32.4: a list item's fence indented past its content (a paragraph's continuation
+    or an indented code block in CommonMark), with blank lines and nesting in the code."""
+    message = (
+        "1. First:\n\n        ```python\n        if True:\n            x = 6 * 7\n\n"
+        "        print(x)\n        ```\n"
+        "2. Then:\n         ```bash\n         echo done\n         ```\n"
+        "3. And a fine one:\n   ```sh\n   echo fine\n   ```\n"
+    )
+    assert extract_code_blocks(message, canonical=False) == [
+        CodeBlock(code="if True:\n    x = 6 * 7\n\nprint(x)", language="python"),
+        CodeBlock(code="echo done", language="bash"),
+        CodeBlock(code="echo fine", language="sh"),
+    ]
+
+
+def test_an_indented_fence_closes_at_any_indent_and_parsing_goes_on_after_it() -> None:
+    message = "Text:\n    ```python\n    x = 1\n```\nmore\n```sh\necho 2\n```\n    ```py\n    y"
+    assert extract_code_blocks(message) == [
+        CodeBlock(code="x = 1", language="python"),
+        CodeBlock(code="echo 2", language="shell"),
+        CodeBlock(code="y", language="python"),  # unclosed: to the end, as a fence is
+    ]
+
+
+def test_several_indented_fences_in_one_paragraph_are_all_found() -> None:
+    message = "Do:\n    ```python\n    x = 1\n    ```\n    ```sh\n    echo 2\n    ```\nthen"
+    assert extract_code_blocks(message) == [
+        CodeBlock(code="x = 1", language="python"),
+        CodeBlock(code="echo 2", language="shell"),
+    ]
+
+
+def test_many_indented_fences_take_linear_time() -> None:
+    """Each over-indented fence is read once: a long reply of them is not a quadratic parse
+    (this took about half a minute for 1000 fences when each one re-parsed the rest)."""
+    import time
+
+    steps = "".join(f"step {i}:\n    ```python\n    x = {i}\n    ```\n" for i in range(1000))
+    started = time.perf_counter()
+    blocks = extract_code_blocks(steps)
+    assert [b.code for b in blocks] == [f"x = {i}" for i in range(1000)]
+    assert time.perf_counter() - started < 10  # about 0.1 s; generous for a loaded machine
+
+
+def test_an_indented_fence_keeps_the_bodys_tabs_past_its_indent() -> None:
+    assert extract_code_blocks("    ```python\n    \tx = 1\n      y\n    ```") == [
+        CodeBlock(code="\tx = 1\n  y", language="python")
+    ]
 
 
 def test_fences_inside_list_items_are_extracted() -> None:
@@ -264,12 +320,15 @@ def test_message_dict_and_none() -> None:
 # -- properties ---------------------------------------------------------------------------------
 
 _FENCE_LIKE = re.compile(r"^\s*(```|~~~)")
+# A prose line that opens a list item or a block quote: a fence after it would be inside that
+# container (and its closing fence, less indented, outside): not what the generators mean.
+_CONTAINER_LIKE = re.compile(r"^\s*([-+*]|\d{1,9}[.)])(\s|$)|^\s*>")
 _line_chars = st.characters(exclude_characters="\r\n", exclude_categories=["Cs"])
 
 
 def _defuse(line: str) -> str:
-    """Make a generated line unable to open or close a fence."""
-    return "x" + line if _FENCE_LIKE.match(line) else line
+    """Make a generated line unable to open or close a fence, or to open a container."""
+    return "x" + line if _FENCE_LIKE.match(line) or _CONTAINER_LIKE.match(line) else line
 
 
 _lines = st.text(_line_chars, max_size=40).map(_defuse)
@@ -376,4 +435,17 @@ def test_blocks_in_lists_and_quotes_extract_back_exactly(
     lines = [f"```{tag}", *body.split("\n"), "```"]
     rendered = "\n".join([first + lines[0], *(rest + line for line in lines[1:])])
     message = f"{prose}\n\n{rendered}\n\n{prose}"
+    assert extract_code_blocks(message) == [CodeBlock(code=body, language=LANGUAGE_ALIASES[tag])]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_bodies, _tags, st.integers(4, 9), _prose, st.booleans())
+def test_over_indented_blocks_extract_back_exactly(
+    body: str, tag: str, indent: int, prose: str, blank: bool
+) -> None:
+    """Issue 32.4: a fence indented four spaces or more, right after prose (a paragraph's
+    continuation in CommonMark) or after a blank line (an indented code block)."""
+    rendered = _render(" " * indent, "```", tag, body, " " * indent + "```")
+    gap = "\n\n" if blank else "\n"
+    message = f"{prose}{gap}{rendered}\n\n{prose}"
     assert extract_code_blocks(message) == [CodeBlock(code=body, language=LANGUAGE_ALIASES[tag])]

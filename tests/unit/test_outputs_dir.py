@@ -48,3 +48,23 @@ def test_no_folder_no_files(tmp_path: Path) -> None:
 def test_outputs_dir_must_stay_inside_the_work_dir(tmp_path: Path, bad: str) -> None:
     with pytest.raises(InvalidPath):
         CommandLineExecutor(work_dir=tmp_path, outputs_dir=bad)
+
+
+def test_a_display_the_door_refused_says_so_and_why(tmp_path: Path) -> None:
+    """``outputs`` replaced by a link (to a host folder) by the code: the figure is not written
+    through it, and the result says it was not saved, and why, instead of "saved to"."""
+    host = tmp_path / "host"
+    host.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "outputs").symlink_to(host, target_is_directory=True)
+    c = OutputCollector(work_dir=work, cell=2, limit=10_000, spill_path=None)
+    _figure(c)
+    collected = c.finish()
+    assert list(host.iterdir()) == [] and collected.files == []
+    assert "saved to" not in collected.output.replace("not saved to", "")
+    assert collected.output.startswith("[image/png not saved to outputs/cell2-1.png: outputs is")
+    assert "symbolic link" in collected.output
+    [out] = collected.outputs
+    assert "symbolic link" in out["metadata"]["kernelexec"]["not_saved"]["image/png"]
+    assert out["data"]["image/png"] == PNG  # the payload stays in the outputs

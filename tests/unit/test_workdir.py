@@ -135,3 +135,17 @@ def test_confine_names_what_was_refused(tmp_path: Path) -> None:
     assert confine(tmp_path, ".", allow_root=True) == tmp_path.resolve()
     with pytest.raises(InvalidBlock, match=r"^filename names the work dir itself"):
         resolve_inside(tmp_path, ".")
+
+
+# -- the dangerous-command guard-rail (issue 32.5) ---------------------------------------------
+
+
+def test_guard_reads_ag2s_patterns_and_a_kernels_shell_lines() -> None:
+    from kernelexec._guard import dangerous_command, shell_part
+
+    assert dangerous_command("ls -la") is None
+    assert dangerous_command("rm -rf /") == "Use of 'rm -rf' command is not allowed."
+    assert dangerous_command(":(){ :|:& };:") == "Fork bombs are not allowed."
+    assert shell_part("x = 1\n  !rm -rf /\n", "python") == "rm -rf /"
+    assert shell_part("%%bash\nrm -rf /\n", "python") == "rm -rf /\n"
+    assert shell_part("rm -rf /", "powershell") == ""
