@@ -105,13 +105,33 @@ def _reseed() -> None:
             numpy_random.seed()
 
 
+def _figure_backend() -> None:
+    """Ready kernelexec's figure backend (``plt.show()`` saves), the one blocks name unless
+    rich outputs are off: a block that had to switch to it would pay milliseconds each time."""
+    matplotlib = sys.modules.get("matplotlib")
+    if matplotlib is None:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    try:
+        matplotlib.use(_FIGURES, force=True)
+    except Exception:  # an old or broken matplotlib: each block switches as it needs
+        pass
+    finally:
+        sys.path.remove(here)
+
+
+_FIGURES = "module://kernelexec_show"
+
+
 def _own_figures(env: dict[str, str]) -> None:
-    """The matplotlib backend the block's environment names (the spawner chose Agg)."""
+    """The matplotlib backend the block's environment names, if not the one already set."""
     backend = env.get("MPLBACKEND")
     matplotlib = sys.modules.get("matplotlib")
     if backend and matplotlib is not None:
         with contextlib.suppress(Exception):
-            matplotlib.use(backend, force=True)
+            if matplotlib.get_backend().lower() != backend.lower():
+                matplotlib.use(backend, force=True)
 
 
 def _run_main(path: str) -> int:
@@ -264,6 +284,7 @@ def serve(sock_fd: int, modules: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     failed = _warm_up(modules)
+    _figure_backend()
     # What the warm-up made is never collected again: a collection in a block would walk (and
     # so copy, page by page) the spawner's whole heap the fork shares copy-on-write.
     gc.freeze()
