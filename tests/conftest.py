@@ -24,11 +24,30 @@ _TIERS = {
 }
 
 
+# Tests that must not run beside each other under pytest-xdist: every test of such a tier, or of
+# a Docker file in another tier, runs in one worker, one after the other (the Docker engine,
+# gVisor and the Swarm are shared, and their containers' ends are awaited with deadlines).
+# Every other test runs in the worker its file went to.
+_ONE_WORKER_TIERS = {"docker", "cluster"}
+_DOCKER_FILES = {"test_docker_hardening.py", "test_docker_dropins.py", "test_mcp_docker.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        tier = Path(str(item.fspath)).parent.name
+        path = Path(str(item.fspath))
+        tier = path.parent.name
         if tier in _TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        # A file's tests stay together, so its module-scoped kernels and containers are made
+        # once and its tests keep the order they were written in (--dist loadgroup).
+        group = f"{tier}/{path.name}"
+        if tier in _ONE_WORKER_TIERS:
+            group = tier
+        elif path.name in _DOCKER_FILES:
+            group = "docker"
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 InterruptOnMarker = Callable[[Any, str], threading.Thread]
