@@ -38,7 +38,7 @@ bench_smoke() {
     rm -rf "$(dirname "$venv")"
     python3 -m kernelexec bench --quick --no-progress --workloads trivial --no-charts --no-floors \
         --executors sandboxed-command sandboxed-kernel gvisor-command gvisor-kernel pool \
-        docker-run ag2-command ag2-jupyter autogen-command autogen-jupyter \
+        docker-run ag2-command ag2-jupyter autogen-command autogen-jupyter warm-command \
         --out "$BENCH_OUT/rows" || return 1
     _kx_bench_all_ok "$BENCH_OUT/rows/results.json" || return 1
     echo "bench_smoke: $((SECONDS - started)) s"
