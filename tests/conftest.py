@@ -31,6 +31,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
 
 
+# pytest-xdist (-n in addopts) sends each group to one worker, where its tests run one after the
+# other. A file is a group (its module-scoped kernels and containers are made once, its tests keep
+# their order). One group, "serial", holds what must not run beside itself: the Docker/gVisor and
+# Swarm tiers and the Docker files of other tiers (one engine; containers' ends awaited with
+# deadlines), and every file that runs `kernelexec gc` (a sweep is host-wide: two at once race
+# for the same dead host's leftovers, and one finds "removed 0").
+_SERIAL_TIERS = {"docker", "cluster"}
+_SERIAL_FILES = {
+    "test_docker_hardening.py",
+    "test_docker_dropins.py",
+    "test_mcp_docker.py",
+    "test_gc_leftovers.py",
+    "test_host_killed.py",
+    "test_containment.py",
+    "test_fork_kernel.py",
+}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group of a test, from its node id (``tests/<tier>/<file>::<name>``)."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    tier, name = (parts[-2] if len(parts) > 1 else ""), parts[-1]
+    if tier in _SERIAL_TIERS or name in _SERIAL_FILES:
+        return "serial"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when it is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    # A scheduler of our own rather than xdist_group marks and --dist loadgroup: on pytest 9.2
+    # loadgroup ignores the marks (pytest-xdist issue 1386) and spreads a group over workers.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return _Groups(config, log)
+
+
 InterruptOnMarker = Callable[[Any, str], threading.Thread]
 
 

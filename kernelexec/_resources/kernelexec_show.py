@@ -17,16 +17,17 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 FigureCanvas = FigureCanvasAgg
-_PREFIX = os.environ.get("KERNELEXEC_FIGURE_PREFIX", "figure-")
 _saved = 0
 
 
 def show(*args: Any, **kwargs: Any) -> None:
     """Save every open figure (then close it), naming each file on stdout."""
     global _saved
+    # read at show time: the warm spawner imports this module before any block's environment
+    prefix = os.environ.get("KERNELEXEC_FIGURE_PREFIX", "figure-")
     for manager in Gcf.get_all_fig_managers():
         _saved += 1
-        path = f"{_PREFIX}{_saved}.png"
+        path = f"{prefix}{_saved}.png"
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -51,17 +52,6 @@ def _exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
-
-
-def _reap(out: int) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _answer(out, exit=pid, code=_exit_code(status))
 
 
 def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
@@ -115,13 +105,33 @@ def _reseed() -> None:
             numpy_random.seed()
 
 
+def _figure_backend() -> None:
+    """Ready kernelexec's figure backend (``plt.show()`` saves), the one blocks name unless
+    rich outputs are off: a block that had to switch to it would pay milliseconds each time."""
+    matplotlib = sys.modules.get("matplotlib")
+    if matplotlib is None:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    try:
+        matplotlib.use(_FIGURES, force=True)
+    except Exception:  # an old or broken matplotlib: each block switches as it needs
+        pass
+    finally:
+        sys.path.remove(here)
+
+
+_FIGURES = "module://kernelexec_show"
+
+
 def _own_figures(env: dict[str, str]) -> None:
-    """The matplotlib backend the block's environment names (the spawner chose Agg)."""
+    """The matplotlib backend the block's environment names, if not the one already set."""
     backend = env.get("MPLBACKEND")
     matplotlib = sys.modules.get("matplotlib")
     if backend and matplotlib is not None:
         with contextlib.suppress(Exception):
-            matplotlib.use(backend, force=True)
+            if matplotlib.get_backend().lower() != backend.lower():
+                matplotlib.use(backend, force=True)
 
 
 def _run_main(path: str) -> int:
@@ -152,17 +162,21 @@ def _system_exit(exc: SystemExit) -> int:
     return 1
 
 
-def _block(request: dict[str, Any], fds: list[int], keep: tuple[int, ...]) -> None:
-    """In the forked child: become the block's process, run it, and never return."""
+def _become_block(keep: tuple[int, ...]) -> None:
+    """In a freshly forked child: drop the spawner's signals and descriptors."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)  # before its pipe is closed: its number may be reused
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in keep:
+        os.close(fd)
+
+
+def _block(request: dict[str, Any], fds: list[int]) -> None:
+    """In the child: run the block, and never return."""
     code = 1
     try:
-        os.setsid()
-        signal.set_wakeup_fd(-1)  # before its pipe is closed: its number may be reused
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for fd in keep:
-            os.close(fd)
         _own_streams(*fds)
         _own_environment(request)
         _reseed()
@@ -180,23 +194,82 @@ def _block(request: dict[str, Any], fds: list[int], keep: tuple[int, ...]) -> No
         os._exit(code)
 
 
-def _spawn(sock: socket.socket, out: int, wake: tuple[int, int]) -> bool:
-    received = _receive(sock)
-    if received is None:
-        return False
-    request, fds = received
-    if len(fds) != 2:
+class _Spawner:
+    """Forks the next block's process ahead of time (a spare waiting for its request), so a
+    block does not wait for the fork of a large warm process (page tables: milliseconds)."""
+
+    def __init__(self, sock: socket.socket, out: int, wake: tuple[int, int]) -> None:
+        self.sock = sock
+        self.out = out
+        self.wake = wake
+        self.spare: tuple[int, socket.socket] | None = None
+
+    def refill(self) -> None:
+        if self.spare is not None:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            _become_block((self.sock.fileno(), self.out, *self.wake))
+            with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+                comm.write("kx-warm-spare")  # what it is, while it waits
+            received = _receive(theirs)  # the spawner's end closed: nothing to run
+            if received is None:
+                os._exit(0)
+            theirs.close()
+            _block(*received)
+        theirs.close()
+        self.spare = (pid, ours)
+        _answer(self.out, spare=pid)
+
+    def handle(self) -> bool:
+        received = _receive(self.sock)
+        if received is None:
+            return False
+        request, fds = received
+        if len(fds) != 2:
+            _answer(self.out, error="a request carries the block's stdout and stderr")
+        else:
+            self._give(request, fds)
         for fd in fds:
             os.close(fd)
-        _answer(out, error="a request carries the block's stdout and stderr")
         return True
-    pid = os.fork()
-    if pid == 0:
-        _block(request, fds, (sock.fileno(), out, *wake))
-    for fd in fds:
-        os.close(fd)
-    _answer(out, pid=pid)
-    return True
+
+    def _give(self, request: dict[str, Any], fds: list[int]) -> None:
+        data = json.dumps(request).encode()
+        for _ in range(2):  # a spare killed while it waited (not reaped yet): a new one
+            self.refill()
+            assert self.spare is not None
+            pid, channel = self.spare
+            self.spare = None
+            try:
+                socket.send_fds(channel, [struct.pack("!I", len(data))], fds)
+                channel.sendall(data)
+            except OSError:
+                continue
+            finally:
+                channel.close()
+            _answer(self.out, pid=pid)
+            return
+        _answer(self.out, error="no process could be forked for the block")
+
+    def reaped(self, pid: int) -> None:
+        if self.spare is not None and self.spare[0] == pid:  # killed while it waited
+            self.spare[1].close()
+            self.spare = None
+
+
+def _reap(out: int, spawner: _Spawner) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        spawner.reaped(pid)
+        _answer(out, exit=pid, code=_exit_code(status))
 
 
 def serve(sock_fd: int, modules: list[str]) -> int:
@@ -211,13 +284,19 @@ def serve(sock_fd: int, modules: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     failed = _warm_up(modules)
+    _figure_backend()
+    # What the warm-up made is never collected again: a collection in a block would walk (and
+    # so copy, page by page) the spawner's whole heap the fork shares copy-on-write.
+    gc.freeze()
+    spawner = _Spawner(sock, out, (wake_r, wake_w))
     _answer(out, ready=os.getpid(), failed=failed)
     while True:
+        spawner.refill()  # between requests: the fork is off the next block's path
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-            _reap(out)
-        if sock.fileno() in readable and not _spawn(sock, out, (wake_r, wake_w)):
+            _reap(out, spawner)
+        if sock.fileno() in readable and not spawner.handle():
             return 0
 
 

@@ -286,18 +286,19 @@ class _CgroupJail(Jail):
                 os.kill(pid, signal.SIGKILL)
         _write(state, "THAWED")  # frozen processes die once thawed
 
-    def kill_others(self, keep: int) -> None:
-        """Kill every member but ``keep`` (a resident spawner), frozen so none can fork meanwhile;
-        when none is left (the usual end of a block) this reads one file and returns."""
-        if not self.pids() - {keep} or self._closed:
+    def kill_others(self, keep: int | Iterable[int | None]) -> None:
+        """Kill every member but ``keep`` (a resident spawner, its spare), frozen so none can
+        fork meanwhile; when none is left (the usual end of a block) this reads one file."""
+        kept = {keep} if isinstance(keep, int) else {pid for pid in keep if pid is not None}
+        if not self.pids() - kept or self._closed:
             return
         self._freeze(True)
         try:
-            kill_pids(self.pids() - {keep})
+            kill_pids(self.pids() - kept)
         finally:
             self._freeze(False)  # frozen processes die once thawed (v1); ``keep`` runs on
         deadline = time.monotonic() + _EMPTY_WAIT
-        while (others := self.pids() - {keep}) and time.monotonic() < deadline:
+        while (others := self.pids() - kept) and time.monotonic() < deadline:
             kill_pids(others)  # one that forked before the freezer caught it
             time.sleep(0.005)
 

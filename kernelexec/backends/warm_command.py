@@ -72,6 +72,18 @@ class WarmCommand(LocalCommand):
         """The warm spawner's process id (None before start and after close)."""
         return self._warm.pid if self._warm is not None else None
 
+    @property
+    def spare_pid(self) -> int | None:
+        """The process forked ahead for the next block (it waits, unused, until then)."""
+        return self._warm.spare if self._warm is not None else None
+
+    @property
+    def helper_pids(self) -> set[int]:
+        """This back end's own processes besides the spawner: the spare, and the resident
+        spawner shell blocks start from."""
+        resident = self._spawner.pid if self._spawner is not None else None
+        return {pid for pid in (self.spare_pid, resident) if pid is not None}
+
     async def start(self, work_dir: Path) -> None:
         await super().start(work_dir)
         await self._ensure_spawner()
@@ -127,6 +139,7 @@ class WarmCommand(LocalCommand):
         cgroup = self._warm_jail
         jail = None if cgroup is not None else _containment.make_jail("process-group")
         streams: _Streams | None = None
+        pid: int | None = None
         try:
             request = {"code": str(work_dir / argv[1]), "cwd": str(work_dir), "env": dict(env)}
             streams = _Streams(asyncio.get_running_loop(), on_stdout, on_stderr)
@@ -142,11 +155,13 @@ class WarmCommand(LocalCommand):
                 await self._kill(pid, exited)
             await _settle(streams.closed, _DRAIN_GRACE)
         finally:
+            if pid is not None:
+                spawner.forget(pid)
             # every process of the block that outlived it dies with it
             if jail is not None:
                 jail.close()
-            elif isinstance(cgroup, _containment._CgroupJail) and spawner.pid is not None:
-                cgroup.kill_others(keep=spawner.pid)
+            elif isinstance(cgroup, _containment._CgroupJail):
+                cgroup.kill_others(keep={spawner.pid, spawner.spare})
             if streams is not None:
                 await _settle(streams.closed, _DRAIN_GRACE)
                 streams.close()
@@ -175,6 +190,7 @@ class _Spawner:
         self.failed: tuple[str, ...] = ()
         self.gone = False
         self.pid = process.pid
+        self.spare: int | None = None
 
     @classmethod
     async def start(
@@ -228,8 +244,10 @@ class _Spawner:
             if "pid" in answer:
                 self._exits[answer["pid"]] = asyncio.get_running_loop().create_future()
                 self._pids.put_nowait(answer["pid"])
+            elif "spare" in answer:  # the process forked ahead for the next block
+                self.spare = int(answer["spare"])
             elif "exit" in answer:
-                future = self._exits.pop(answer["exit"], None)
+                future = self._exits.get(answer["exit"])  # taken by exit_of()
                 if future is not None and not future.done():
                     future.set_result(answer["code"])
             else:
@@ -266,6 +284,10 @@ class _Spawner:
             future = asyncio.get_running_loop().create_future()
             future.set_exception(BackendUnavailable("the warm spawner ended"))
         return future
+
+    def forget(self, pid: int) -> None:
+        """The block ``pid`` is over: its status is no longer wanted."""
+        self._exits.pop(pid, None)
 
     async def close(self) -> None:
         self.gone = True

@@ -148,7 +148,7 @@ def _bar_panel(ax: Axes, rows: list[RowResult], field: str, colours: dict[str, s
 # One colour and marker per executor family; lines of one family in a panel differ by style.
 _FAMILIES = (
     ("floor", ("subprocess", "jupyter-client", "docker-exec", "docker-run"), "#444444", "x"),
-    ("local", ("command", "kernel", "fork-kernel", "pool"), "#1f77b4", "o"),
+    ("local", ("command", "warm-command", "kernel", "fork-kernel", "pool"), "#1f77b4", "o"),
     ("sandboxed", ("sandboxed-",), "#2ca02c", "s"),
     ("Docker", ("docker-",), "#ff7f0e", "^"),
     ("gVisor", ("gvisor-",), "#9467bd", "D"),

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 EXIT_INTERRUPTED = 130
 EXIT_USAGE = 2
 #: the bench's own dependencies beyond kernelexec's: the ``bench`` extra
-EXTRA_MODULES = ("rich", "matplotlib")
+EXTRA_MODULES = ("rich", "matplotlib", "numpy", "pandas")
 INSTALL_HINT = 'pip install "kernelexec[bench]"'
 
 

@@ -207,6 +207,10 @@ def _warm_up(ctx: BenchContext) -> dict[str, Any]:
     return {"warm_up": list(WARM_UP)}
 
 
+def _warm_command(ctx: BenchContext) -> dict[str, Any]:
+    return {**_python(ctx), **_warm_up(ctx)}
+
+
 def _image(ctx: BenchContext) -> dict[str, Any]:
     return {"image": ctx.image}
 
@@ -467,6 +471,15 @@ SPECS: tuple[ExecutorSpec, ...] = (
         stateful=False,
         check=_never,
         open=_registry_row("command", _python),
+        floor="subprocess",
+    ),
+    ExecutorSpec(
+        name="warm-command",
+        label="kernelexec warm command",
+        group="kernelexec",
+        stateful=False,
+        check=_never,
+        open=_registry_row("warm-command", _warm_command),
         floor="subprocess",
     ),
     ExecutorSpec(

@@ -20,6 +20,7 @@ EXECUTOR_NAMES: tuple[str, ...] = (
     "docker-exec",
     "docker-run",
     "command",
+    "warm-command",
     "kernel",
     "fork-kernel",
     "sandboxed-command",

@@ -40,6 +40,7 @@ SPEEDUP_PAIRS = (
 # (containment, stateless row, stateful row): what each way of isolating code costs, side by side.
 CONTAINMENT = (
     ("none (caller's rights)", "command", "kernel"),
+    ("none, forked from a warm interpreter", "warm-command", "fork-kernel"),
     ("bubblewrap", "sandboxed-command", "sandboxed-kernel"),
     ("Docker, runc", "docker-command", "docker-kernel"),
     ("Docker, gVisor (runsc)", "gvisor-command", "gvisor-kernel"),
@@ -212,6 +213,18 @@ def targets(results: BenchResults) -> list[TargetCheck]:
             description="trivial block p50, kernelexec command / raw subprocess.run",
             value=ratio(b(results, "trivial", "command"), b(results, "trivial", "subprocess")),
             threshold=1.15,
+        ),
+        TargetCheck.evaluate(
+            name="warm stateless block",
+            description="trivial block p50, kernelexec warm command / raw subprocess.run",
+            value=ratio(b(results, "trivial", "warm-command"), b(results, "trivial", "subprocess")),
+            threshold=0.5,
+        ),
+        TargetCheck.evaluate(
+            name="warm stateless numpy block",
+            description="imports block p50 (numpy, pandas), warm command / raw subprocess.run",
+            value=ratio(b(results, "imports", "warm-command"), b(results, "imports", "subprocess")),
+            threshold=0.25,
         ),
         TargetCheck.evaluate(
             name="analysis speed-up",

@@ -148,7 +148,7 @@ class AG2CodeExtractor:
                 )
                 if self._wanted(block.language)
             ]
-        return [CodeBlock(code=b.code, language=b.language or _infer_tag(b.code)) for b in found]
+        return [CodeBlock(code=b.code, language=_ag2_language(b.language, b.code)) for b in found]
 
     def _wanted(self, tag: str) -> bool:
         lowered = tag.lower()
@@ -372,6 +372,14 @@ def make_ag2_work_dir(path: Path) -> None:
             f"cannot make the work dir {path}: {path.parent} does not exist (as in AG2, the "
             "folder is made, never the folders above it)"
         ) from exc
+
+
+def _ag2_language(language: str, code: str) -> str:
+    """The block's language as AG2 names it: kernelexec reads an untagged command line as
+    "shell"; AG2 calls a ``pip``/``python`` one "sh" (both run as shell)."""
+    if language in ("", "shell") and _infer_tag(code):
+        return "sh"
+    return language
 
 
 def _infer_tag(code: str) -> str:

@@ -183,7 +183,7 @@ def _own_processes(executor: Any, tree: dict[int, tuple[int, str]]) -> set[int]:
     """A local kernel executor's own processes: the kernel and those between it and us (the
     jail's helper)."""
     pid = getattr(executor.backend, "pid", None)
-    own = set()
+    own = set(getattr(executor.backend, "helper_pids", ()))  # warm-command's spare, ...
     while pid in tree:
         own.add(pid)
         pid = tree[pid][0]

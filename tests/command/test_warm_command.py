@@ -150,7 +150,7 @@ def test_a_killed_spawner_is_replaced(tmp_path: Path) -> None:
         first = ex.backend.pid
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while not ex.backend._spawner.gone and time.monotonic() < deadline:
+        while not ex.backend._warm.gone and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ex.execute("print(2)").output == "2\n"
         assert ex.backend.pid not in (None, first)

@@ -1,0 +1,45 @@
+# shellcheck shell=bash
+# Sourced by .ci/run: the benchmark smoke run, cut to what no test proves already (the tests run
+# the command, kernel, fork-kernel and Docker rows: tests/kernel/test_bench.py,
+# tests/docker/test_bench_docker.py).
+#
+#   bench_smoke   1. the bench extra alone: a fresh virtualenv with `pip install ".[bench]"` and
+#                    nothing else runs `kernelexec bench --quick` on the kernel row and its floor
+#                    over every workload, and every row must be "ok" (a workload import the extra
+#                    lacks reads "unavailable", which exits 0: the results file is checked);
+#                 2. every other row once, on the trivial workload, in the CI environment (all
+#                    back ends and peers installed), without the floors (the tests run those):
+#                    each must be "ok".
+
+BENCH_OUT="${TMPDIR:-/tmp}/kernelexec-bench"
+
+# Every row of a results file is "ok", or "skipped" (a workload the row does not run).
+_kx_bench_all_ok() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+bad = [(r["workload"], r["executor"], r["status"], r["reason"]) for r in rows
+       if r["status"] not in ("ok", "skipped")]
+for row in bad:
+    print("bench.sh: row not ok:", *row, file=sys.stderr)
+sys.exit(1 if bad or not rows else 0)
+PY
+}
+
+bench_smoke() {
+    local started=$SECONDS venv
+    venv="$(mktemp -d)/bench-venv"
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/python" -m pip install -q ".[bench]" || return 1
+    echo "bench_smoke: fresh virtualenv with the bench extra: $((SECONDS - started)) s"
+    "$venv/bin/kernelexec" bench --quick --no-progress --executors kernel \
+        --out "$BENCH_OUT/extra" || return 1
+    _kx_bench_all_ok "$BENCH_OUT/extra/results.json" || return 1
+    rm -rf "$(dirname "$venv")"
+    python3 -m kernelexec bench --quick --no-progress --workloads trivial --no-charts --no-floors \
+        --executors sandboxed-command sandboxed-kernel gvisor-command gvisor-kernel pool \
+        docker-run ag2-command ag2-jupyter autogen-command autogen-jupyter warm-command \
+        --out "$BENCH_OUT/rows" || return 1
+    _kx_bench_all_ok "$BENCH_OUT/rows/results.json" || return 1
+    echo "bench_smoke: $((SECONDS - started)) s"
+}

@@ -1,0 +1,41 @@
+"""The parallel run's groups (tests/conftest.py): what must not run beside itself runs serially."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import xdist_group
+
+TESTS = Path(__file__).resolve().parents[1]
+# `kernelexec gc` run as a command or called in-process (main(["gc"]), gc(dry_run=...), _gc(...))
+RUNS_GC = re.compile(r"""["']gc["']|\b_?gc\(""")
+
+
+def _runs_gc(path: Path) -> bool:
+    """A line that runs a sweep (a dry run removes nothing: it races with no one)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return any(RUNS_GC.search(line) and "dry" not in line for line in lines)
+
+
+def test_every_file_that_runs_gc_is_in_the_serial_group() -> None:
+    runners = [
+        p
+        for p in sorted(TESTS.glob("*/test_*.py"))
+        if p.name != Path(__file__).name and _runs_gc(p)
+    ]
+    assert len(runners) >= 5  # the pattern still finds them
+    ungrouped = [
+        str(p.relative_to(TESTS))
+        for p in runners
+        if xdist_group(f"tests/{p.relative_to(TESTS)}::t") != "serial"
+    ]
+    assert ungrouped == [], f"these run `kernelexec gc` beside other sweeps: {ungrouped}"
+
+
+def test_docker_and_cluster_run_serially_and_other_files_each_in_one_worker() -> None:
+    assert xdist_group("tests/docker/test_gvisor.py::test_x[a]") == "serial"
+    assert xdist_group("tests/cluster/test_swarm_sessions.py::test_x") == "serial"
+    assert xdist_group("tests/mcp/test_mcp_docker.py::test_x") == "serial"
+    assert xdist_group("tests/unit/test_door.py::test_x") == "tests/unit/test_door.py"
+    assert xdist_group("tests/unit/test_door.py::Cls::test_y") == "tests/unit/test_door.py"
