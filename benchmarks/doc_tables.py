@@ -27,7 +27,13 @@ PAGES = (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "benchm
 
 # What each executor row isolates: facts of the back ends, not measurements (docs/security.md).
 _EXECUTORS: tuple[tuple[str, str, str, str], ...] = (
-    ("command", "`command`", "stateless", "nothing: the caller's rights; a cgroup per block"),
+    ("command", "`command`", "stateless", "nothing: the caller's rights; a cgroup per executor"),
+    (
+        "warm-command",
+        "`warm-command`",
+        "stateless",
+        "as `command`; each block forked from a warm interpreter",
+    ),
     ("kernel", "`kernel`", "stateful", "nothing: the caller's rights; a cgroup per kernel"),
     ("fork-kernel", "`fork-kernel`", "stateful", "as `kernel`; forked from a warm server"),
     ("pool", "`KernelPool`", "stateful", "as `kernel`; started ahead, acquired warm"),
