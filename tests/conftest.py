@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kx_xdist import xdist_group
 
 # Folder name -> marker (each declared in pyproject.toml; --strict-markers is on).
 _TIERS = {
@@ -37,28 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # Swarm tiers and the Docker files of other tiers (one engine; containers' ends awaited with
 # deadlines), and every file that runs `kernelexec gc` (a sweep is host-wide: two at once race
 # for the same dead host's leftovers, and one finds "removed 0").
-_SERIAL_TIERS = {"docker", "cluster"}
-_SERIAL_FILES = {
-    "test_docker_hardening.py",
-    "test_docker_dropins.py",
-    "test_mcp_docker.py",
-    "test_gc_leftovers.py",
-    "test_host_killed.py",
-    "test_containment.py",
-    "test_fork_kernel.py",
-}
-
-
-def xdist_group(nodeid: str) -> str:
-    """The group of a test, from its node id (``tests/<tier>/<file>::<name>``)."""
-    path = nodeid.split("::", 1)[0]
-    parts = path.split("/")
-    tier, name = (parts[-2] if len(parts) > 1 else ""), parts[-1]
-    if tier in _SERIAL_TIERS or name in _SERIAL_FILES:
-        return "serial"
-    return path
-
-
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when it is not installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # A scheduler of our own rather than xdist_group marks and --dist loadgroup: on pytest 9.2

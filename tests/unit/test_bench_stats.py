@@ -411,6 +411,10 @@ def test_kernelexec_rows_are_built_by_the_registry(
     common = {"work_dir": tmp_path, "timeout": 9.0}
     assert built == [
         ("command", {**common, "python": "/usr/bin/python3"}),
+        (
+            "warm-command",
+            {**common, "python": "/usr/bin/python3", "warm_up": list(executors.WARM_UP)},
+        ),
         ("kernel", common),
         ("sandboxed-command", common),
         ("sandboxed-kernel", common),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conftest import xdist_group
+from kx_xdist import xdist_group
 
 TESTS = Path(__file__).resolve().parents[1]
 # `kernelexec gc` run as a command or called in-process (main(["gc"]), gc(dry_run=...), _gc(...))
