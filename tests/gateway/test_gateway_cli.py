@@ -36,8 +36,12 @@ def test_wrong_token_is_a_clear_error(
     assert "refused" in capsys.readouterr().err
 
 
-def test_remote_with_another_executor_is_refused(tmp_path: Path) -> None:
+def test_remote_with_another_executor_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     message = tmp_path / "m.py"
     message.write_text("print(1)\n")
-    with pytest.raises(SystemExit, match="--remote"):
-        main(["run", str(message), "--executor", "command", "--remote", "http://127.0.0.1:1"])
+    argv = ["run", str(message), "--executor", "command", "--remote", "http://127.0.0.1:1"]
+    assert main(argv) == 2  # a usage error: one line naming the flag
+    err = capsys.readouterr().err
+    assert "--remote" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
