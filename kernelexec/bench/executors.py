@@ -301,11 +301,19 @@ def _open_ag2_command(ctx: BenchContext, work: Path, shared: Any) -> Session:
     )
 
 
+def _same_interpreter(a: str, b: str) -> bool:
+    """The same program in the same folder (a virtualenv's ``python`` and ``python3`` are two
+    links to one interpreter; the folder is what makes it the virtualenv's)."""
+    a, b = os.path.abspath(a), os.path.abspath(b)
+    same_folder = os.path.dirname(a) == os.path.dirname(b)
+    return a == b or (same_folder and os.path.realpath(a) == os.path.realpath(b))
+
+
 def _ag2_python_check(ctx: BenchContext) -> str | None:
     """Not comparable when AG2's ``python`` would be another interpreter than the bench's."""
     path = os.pathsep.join((str(Path(ctx.python).parent), os.environ.get("PATH", "")))
     found = shutil.which("python", path=path)
-    if found is None or os.path.abspath(found) != os.path.abspath(ctx.python):
+    if found is None or not _same_interpreter(found, ctx.python):
         return (
             f"not comparable: AG2 runs `python` from PATH ({found or 'none found'}), "
             f"not this run's interpreter {ctx.python}"

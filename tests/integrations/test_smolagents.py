@@ -129,7 +129,20 @@ def _error_step(executor: Any) -> Any:
     """The memory step of a CodeAgent whose second block prints, then fails."""
     model = ScriptedModel([code("print('before', 6 * 7)\nundefined_name"), code("final_answer(1)")])
     agent = CodeAgent(tools=[], model=model, executor=executor, max_steps=3, verbosity_level=0)
-    assert agent.run("fail once") == 1
+    try:
+        answer = agent.run("fail once")
+    except SystemError as exc:
+        # CPython 3.11.7's ast keeps one recursion counter for every thread (gh-106905, fixed in
+        # 3.11.8): smolagents' inspect.getsource on the host raced kernelexec's loop thread once
+        # in CI. Not ours to fix; the same step again, in a fresh agent.
+        if "recursion depth mismatch" not in str(exc):
+            raise
+        model = ScriptedModel(
+            [code("print('before', 6 * 7)\nundefined_name"), code("final_answer(1)")]
+        )
+        agent = CodeAgent(tools=[], model=model, executor=executor, max_steps=3, verbosity_level=0)
+        answer = agent.run("fail once")
+    assert answer == 1
     [step] = [s for s in agent.memory.steps if getattr(s, "error", None) is not None]
     return step
 
