@@ -1,17 +1,39 @@
 """The parallel run's groups (``pytest -n N``; the scheduler is in tests/conftest.py), in a module
-of their own so a test can import them: ``conftest`` names a different module in each tier."""
+of their own so a test can import them: ``conftest`` names a different module in each tier.
+
+A group runs in one worker, one test after the other. Most files are a group of their own. Three
+groups hold files that must not run beside each other:
+
+- ``sweeps``: every file that runs ``kernelexec gc`` (a sweep is host-wide: two at once race for
+  the same dead host's leftovers, and one finds "removed 0");
+- ``cluster``: the rest of the Swarm tier (one Swarm fixture per worker, made once);
+- ``docker-1`` and ``docker-2``: the Docker tier and other tiers' Docker files, in two halves of
+  about equal time, so the engine serves two of these files at once, not more (containers' ends
+  are awaited with deadlines). Every file finds its own containers by its owner's pid label.
+"""
 
 from __future__ import annotations
 
-_SERIAL_TIERS = {"docker", "cluster"}
-_SERIAL_FILES = {
-    "test_docker_hardening.py",
-    "test_docker_dropins.py",
-    "test_mcp_docker.py",
+_SWEEPS = {
     "test_gc_leftovers.py",
     "test_host_killed.py",
     "test_containment.py",
     "test_fork_kernel.py",
+    "test_docker_lifecycle.py",
+    "test_docker_kept_and_bind_dir.py",
+    "test_swarm_gc.py",
+}
+_DOCKER_FILES = {
+    "test_docker_hardening.py",
+    "test_docker_dropins.py",
+    "test_mcp_docker.py",
+}
+# One half of the Docker files (the other half: the rest of tests/docker and _DOCKER_FILES).
+_DOCKER_1 = {
+    "test_gvisor.py",
+    "test_docker_kernel.py",
+    "test_bench_docker.py",
+    "test_docker_out_of_docker.py",
 }
 
 
@@ -20,6 +42,12 @@ def xdist_group(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     tier, name = (parts[-2] if len(parts) > 1 else ""), parts[-1]
-    if tier in _SERIAL_TIERS or name in _SERIAL_FILES:
-        return "serial"
+    if name in _SWEEPS:
+        return "sweeps"
+    if tier == "cluster":
+        return "cluster"
+    if name in _DOCKER_1:
+        return "docker-1"
+    if tier == "docker" or name in _DOCKER_FILES:
+        return "docker-2"
     return path

@@ -1,4 +1,4 @@
-"""The parallel run's groups (tests/conftest.py): what must not run beside itself runs serially."""
+"""The parallel run's groups (tests/conftest.py): what must not run beside itself shares a group."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _runs_gc(path: Path) -> bool:
     return any(RUNS_GC.search(line) and "dry" not in line for line in lines)
 
 
-def test_every_file_that_runs_gc_is_in_the_serial_group() -> None:
+def test_every_file_that_runs_gc_is_in_the_sweeps_group() -> None:
     runners = [
         p
         for p in sorted(TESTS.glob("*/test_*.py"))
@@ -28,14 +28,17 @@ def test_every_file_that_runs_gc_is_in_the_serial_group() -> None:
     ungrouped = [
         str(p.relative_to(TESTS))
         for p in runners
-        if xdist_group(f"tests/{p.relative_to(TESTS)}::t") != "serial"
+        if xdist_group(f"tests/{p.relative_to(TESTS)}::t") != "sweeps"
     ]
     assert ungrouped == [], f"these run `kernelexec gc` beside other sweeps: {ungrouped}"
 
 
-def test_docker_and_cluster_run_serially_and_other_files_each_in_one_worker() -> None:
-    assert xdist_group("tests/docker/test_gvisor.py::test_x[a]") == "serial"
-    assert xdist_group("tests/cluster/test_swarm_sessions.py::test_x") == "serial"
-    assert xdist_group("tests/mcp/test_mcp_docker.py::test_x") == "serial"
+def test_docker_files_share_two_groups_sweeps_one_and_other_files_one_each() -> None:
+    assert xdist_group("tests/docker/test_gvisor.py::test_x[a]") == "docker-1"
+    assert xdist_group("tests/docker/test_docker_files.py::test_x") == "docker-2"
+    assert xdist_group("tests/mcp/test_mcp_docker.py::test_x") == "docker-2"
+    assert xdist_group("tests/cluster/test_swarm_sessions.py::test_x") == "cluster"
+    assert xdist_group("tests/cluster/test_swarm_gc.py::test_x") == "sweeps"
+    assert xdist_group("tests/docker/test_docker_lifecycle.py::test_x") == "sweeps"
     assert xdist_group("tests/unit/test_door.py::test_x") == "tests/unit/test_door.py"
     assert xdist_group("tests/unit/test_door.py::Cls::test_y") == "tests/unit/test_door.py"
