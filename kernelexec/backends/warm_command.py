@@ -6,12 +6,19 @@ block itself), in a cgroup (or session) of its own that is emptied when it ends,
 as the command executor has it. What blocks share is what the spawner made before the first block:
 the warm-up modules' import-time state (copy-on-write) and the interpreter's string hash seed.
 numpy's global generator is reseeded in each block. Shell blocks run as ``LocalCommand`` runs them.
+
+``sandbox=True`` (or ``SandboxOptions``) runs the spawner itself in a bubblewrap sandbox, as
+``SandboxedCommand`` runs each block: every block forked from it is sandboxed too. The blocks
+of one executor share that sandbox's namespaces, so the spawner empties it after each block
+(every other process, the private ``/tmp`` and ``/dev/shm``, System V IPC objects). Shell blocks
+then run as ``SandboxedCommand`` runs them, each in a fresh sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -25,6 +32,7 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from . import _containment
+from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox, sandbox_options
 from .base import ByteSink, CommandOutcome
 from .local_command import _DRAIN_GRACE, LocalCommand, _resolve, _settle, _signal_group
 
@@ -57,9 +65,16 @@ class WarmCommand(LocalCommand):
         kill_grace: float = 0.2,
         containment: str | None = None,
         warm_up: Sequence[str] | None = None,
+        sandbox: bool | SandboxOptions | None = None,
     ) -> None:
         super().__init__(python=python, shell=shell, kill_grace=kill_grace, containment=containment)
         self.warm_up = tuple(DEFAULT_WARM_UP if warm_up is None else warm_up)
+        #: the bubblewrap sandbox the spawner (and so every block) runs in, or None
+        self.sandbox = sandbox_options(sandbox)
+        if self.sandbox is not None:
+            check_sandbox()
+            self.inherits_host_env = False  # the block sees the executor's env only
+        self._work_dir: Path | None = None
         cgroup = self.containment.startswith("cgroup")
         self.block_containment = self.containment if cgroup else "process-group"
         self._warm: _Spawner | None = None
@@ -86,6 +101,7 @@ class WarmCommand(LocalCommand):
 
     async def start(self, work_dir: Path) -> None:
         await super().start(work_dir)
+        self._work_dir = work_dir
         await self._ensure_spawner()
 
     async def close(self) -> None:
@@ -100,14 +116,18 @@ class WarmCommand(LocalCommand):
         if jail is not None:
             jail.close()  # what is left of the blocks, and the cgroup itself
 
-    async def _ensure_spawner(self) -> _Spawner:
+    async def _ensure_spawner(self, env: Mapping[str, str] | None = None) -> _Spawner:
+        view = self._sandbox_view(env)
+        if self._warm is not None and self._warm.view != view:
+            await self._drop_spawner()  # a sandbox that does not show the block's PYTHONPATH
         if self._warm is None or self._warm.gone:
             await self._drop_spawner()
             jail = None
             if self.block_containment.startswith("cgroup"):
                 jail = _containment.make_jail(self.block_containment)
             try:
-                self._warm = await _Spawner.start(self.python, self.warm_up, jail)
+                argv, spawn_env = self._spawner_command(view)
+                self._warm = await _Spawner.start(argv, self.warm_up, spawn_env, jail, view)
             except BaseException:
                 if jail is not None:
                     jail.close()
@@ -115,6 +135,29 @@ class WarmCommand(LocalCommand):
             self._warm_jail = jail
             self.not_warmed = self._warm.failed
         return self._warm
+
+    def _sandbox_view(self, env: Mapping[str, str] | None) -> tuple[str, ...]:
+        """What the spawner's sandbox must show besides the interpreter: the absolute
+        ``PYTHONPATH`` folders of the blocks' environment (none without a sandbox)."""
+        if self.sandbox is None or env is None:
+            return self._warm.view if self._warm is not None else ()
+        folders = env.get("PYTHONPATH", "").split(os.pathsep)
+        return tuple(sorted({p for p in folders if os.path.isabs(p)}))
+
+    def _spawner_command(self, view: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+        """The spawner's command line and environment (bubblewrap's, when sandboxed)."""
+        argv = [self.python, "-u", str(_SPAWNER)]
+        if self.sandbox is None:
+            return argv, {**os.environ, **_SPAWNER_ENV}
+        assert self._work_dir is not None, "start() first"
+        give_to_sandbox(self._work_dir, self.sandbox, also=self.sandbox.writable)
+        # the spawner's own file (and the figure backend beside it) wherever kernelexec lives
+        options = dataclasses.replace(
+            self.sandbox, readable=[*self.sandbox.readable, str(_SPAWNER.parent)]
+        )
+        inner = {**_SPAWNER_ENV, "KX_WARM_SANDBOX": "1", "PYTHONPATH": os.pathsep.join(view)}
+        wrapped = bwrap_argv(options, argv, work_dir=self._work_dir, env=inner)
+        return wrapped, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     async def run(
         self,
@@ -135,9 +178,12 @@ class WarmCommand(LocalCommand):
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
             )
-        spawner = await self._ensure_spawner()
+        spawner = await self._ensure_spawner(env)
         cgroup = self._warm_jail
-        jail = None if cgroup is not None else _containment.make_jail("process-group")
+        # in a sandbox the block's pid is the sandbox's, not ours: the spawner holds it
+        jail = None
+        if cgroup is None and self.sandbox is None:
+            jail = _containment.make_jail("process-group")
         streams: _Streams | None = None
         pid: int | None = None
         try:
@@ -152,7 +198,7 @@ class WarmCommand(LocalCommand):
             exited = spawner.exit_of(pid)
             timed_out = not await _settle(exited, timeout)
             if timed_out:
-                await self._kill(pid, exited)
+                await self._kill(spawner, pid, exited)
             await _settle(streams.closed, _DRAIN_GRACE)
         finally:
             if pid is not None:
@@ -160,7 +206,7 @@ class WarmCommand(LocalCommand):
             # every process of the block that outlived it dies with it
             if jail is not None:
                 jail.close()
-            elif isinstance(cgroup, _containment._CgroupJail):
+            elif isinstance(cgroup, _containment._CgroupJail) and self.sandbox is None:
                 cgroup.kill_others(keep={spawner.pid, spawner.spare})
             if streams is not None:
                 await _settle(streams.closed, _DRAIN_GRACE)
@@ -170,18 +216,25 @@ class WarmCommand(LocalCommand):
             return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
         return CommandOutcome(exit_code=exited.result())
 
-    async def _kill(self, pid: int, exited: asyncio.Future[int]) -> None:
-        _signal_group(pid, signal.SIGTERM)
-        await _settle(exited, self.kill_grace)
-        _signal_group(pid, signal.SIGKILL)
-        await _settle(exited, 5)
+    async def _kill(self, spawner: _Spawner, pid: int, exited: asyncio.Future[int]) -> None:
+        for sig, wait in ((signal.SIGTERM, self.kill_grace), (signal.SIGKILL, 5.0)):
+            if self.sandbox is None:
+                _signal_group(pid, sig)
+            else:
+                spawner.signal(pid, sig)
+            await _settle(exited, wait)
+        if not exited.done() and self.sandbox is not None:
+            await self._drop_spawner()  # a spawner that does not answer goes, sandbox and all
 
 
 class _Spawner:
     """The warm interpreter: requests go over a Unix socket (with the block's pipes), answers
     come back as JSON lines on its stdout."""
 
-    def __init__(self, process: asyncio.subprocess.Process, sock: socket.socket) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, sock: socket.socket, view: tuple[str, ...]
+    ) -> None:
+        self.view = view  # the PYTHONPATH folders its sandbox shows
         self._process = process
         self._sock = sock
         self._pids: asyncio.Queue[int | BaseException] = asyncio.Queue()
@@ -194,34 +247,37 @@ class _Spawner:
 
     @classmethod
     async def start(
-        cls, python: str, modules: Sequence[str], jail: _containment.Jail | None
+        cls,
+        argv: Sequence[str],
+        modules: Sequence[str],
+        env: Mapping[str, str],
+        jail: _containment.Jail | None,
+        view: tuple[str, ...] = (),
     ) -> _Spawner:
-        """Start the spawner (in ``jail``'s cgroup, joined before it runs anything)."""
+        """Start the spawner, ``argv`` (in ``jail``'s cgroup, joined before it runs anything)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spawn = jail.popen_kwargs() if jail is not None else {"start_new_session": True}
         try:
             process = await asyncio.create_subprocess_exec(
-                python,
-                "-u",
-                str(_SPAWNER),
+                *argv,
                 str(theirs.fileno()),
                 *modules,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
-                env={**os.environ, **_SPAWNER_ENV},
+                env=dict(env),
                 cwd="/",
                 **spawn,  # a session of its own: a Ctrl-C at the terminal is for the host
             )
         except OSError as exc:
             ours.close()
-            raise BackendUnavailable(f"cannot run {python}: {exc.strerror or exc}") from exc
+            raise BackendUnavailable(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
         finally:
             theirs.close()
             if jail is not None:
                 jail.started(0)
-        spawner = cls(process, ours)
+        spawner = cls(process, ours, view)
         await spawner._ready()
         return spawner
 
@@ -276,6 +332,12 @@ class _Spawner:
         if isinstance(answer, BaseException):
             raise answer
         return answer
+
+    def signal(self, pid: int, sig: signal.Signals) -> None:
+        """Have the spawner signal block ``pid``'s process group (the sandbox's pid)."""
+        data = json.dumps({"signal": pid, "number": int(sig)}).encode()
+        with contextlib.suppress(OSError):  # gone: so is the block
+            self._sock.sendall(struct.pack("!I", len(data)) + data)
 
     def exit_of(self, pid: int) -> asyncio.Future[int]:
         """The exit status of the block process ``pid`` as ``subprocess`` gives it."""
