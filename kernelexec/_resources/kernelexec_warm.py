@@ -8,7 +8,10 @@ Protocol. Requests arrive on the Unix socket ``FD``: one JSON document per messa
 (``{"code", "cwd", "env"}``) carrying the block's stdout and stderr pipes as
 ``SCM_RIGHTS``. Answers leave on stdout, one JSON line each: ``{"ready": pid}`` once warm,
 ``{"pid": n}`` per request (or ``{"error": text}``), and ``{"exit": n, "code": c}`` when a block's
-process ends (``c`` as ``subprocess`` gives it: negative for a signal). A request without pipes,
+process ends (``c`` as ``subprocess`` gives it: negative for a signal; with ``"early": true`` when
+the block said its status itself as it ended: the spawner, its parent, has sent it SIGKILL, and
+the kernel is still freeing its memory, which for a fork of a large interpreter takes
+milliseconds no block need wait for). A request without pipes,
 ``{"signal": n, "number": s}``, signals block ``n``'s process group (no answer). End of the socket
 ends the spawner; the blocks' processes are in the spawner's cgroup or their own session, which
 the host empties after each block.
@@ -182,8 +185,8 @@ def _become_block(keep: tuple[int, ...]) -> None:
         os.close(fd)
 
 
-def _block(request: dict[str, Any], fds: list[int]) -> None:
-    """In the child: run the block, and never return."""
+def _block(request: dict[str, Any], fds: list[int], status: int) -> None:
+    """In the child: run the block, say its exit status on ``status``, and never return."""
     code = 1
     try:
         _traceable(True)  # its own code may debug itself and its children, as ``python`` may
@@ -201,6 +204,10 @@ def _block(request: dict[str, Any], fds: list[int]) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
+        with contextlib.suppress(BaseException):
+            for fd in (0, 1, 2):  # the host's pipes end here, not once the memory is freed
+                os.close(fd)
+            os.write(status, bytes([code & 0xFF]))
         os._exit(code)
 
 
@@ -313,6 +320,9 @@ class _Spawner:
         self.wake = wake
         self.spare: tuple[int, socket.socket] | None = None
         self.blocks: set[int] = set()
+        # each running block's end of its request channel (it says its status on it)
+        self.channels: dict[int, tuple[int, socket.socket]] = {}
+        self.said: set[int] = set()  # blocks whose end was told early, not reaped yet
         self.sandboxed = sandboxed
         self.keep = _ancestors()  # bubblewrap's processes above the spawner, and itself
 
@@ -329,8 +339,7 @@ class _Spawner:
             received = _receive(theirs)  # the spawner's end closed: nothing to run
             if received is None:
                 os._exit(0)
-            theirs.close()
-            _block(*received)
+            _block(*received, status=theirs.fileno())
         theirs.close()
         self.spare = (pid, ours)
         _answer(self.out, spare=pid)
@@ -361,10 +370,10 @@ class _Spawner:
                 socket.send_fds(channel, [struct.pack("!I", len(data))], fds)
                 channel.sendall(data)
             except OSError:
-                continue
-            finally:
                 channel.close()
+                continue
             self.blocks.add(pid)
+            self.channels[channel.fileno()] = (pid, channel)
             _answer(self.out, pid=pid)
             return
         _answer(self.out, error="no process could be forked for the block")
@@ -375,20 +384,48 @@ class _Spawner:
             with contextlib.suppress(OSError):
                 os.killpg(pid, int(request.get("number", signal.SIGKILL)))
 
-    def reaped(self, pid: int) -> None:
+    def told(self, fd: int) -> None:
+        """A block's channel is readable: its status as it ends (or nothing: it ended without
+        saying, and its reaping will tell)."""
+        pid, channel = self.channels.pop(fd)
+        with contextlib.suppress(OSError):
+            said = channel.recv(1)
+        channel.close()
+        if not said or pid not in self.blocks:
+            return
+        # Whatever the block's code does, it runs no further: its parent, which has not reaped
+        # it, sends SIGKILL (its pid cannot be another process's yet).
+        os.kill(pid, signal.SIGKILL)
+        self.blocks.discard(pid)
+        self.said.add(pid)
+        if self.sandboxed:
+            self.empty_sandbox(dying=pid)
+        _answer(self.out, exit=pid, code=said[0], early=True)
+
+    def reaped(self, pid: int) -> bool:
+        """A child was reaped; whether its end is still to be told."""
         if self.spare is not None and self.spare[0] == pid:  # killed while it waited
             self.spare[1].close()
             self.spare = None
+        if pid in self.said:
+            self.said.discard(pid)
+            return False
+        for fd, (block, channel) in list(self.channels.items()):
+            if block == pid:
+                del self.channels[fd]
+                channel.close()
         if pid in self.blocks:
             self.blocks.discard(pid)
             if self.sandboxed:
                 self.empty_sandbox()
+        return True
 
-    def empty_sandbox(self) -> None:
+    def empty_sandbox(self, dying: int | None = None) -> None:
         """Nothing of the block that ended survives it in the sandbox (``--new-session`` and a
-        pid namespace shared by all blocks: the host cannot do it from outside)."""
+        pid namespace shared by all blocks: the host cannot do it from outside). ``dying``: the
+        block, killed, whose memory the kernel is still freeing."""
         spare = {self.spare[0]} if self.spare is not None else set()
-        _kill_all_but(self.keep | spare)
+        _kill_all_but(self.keep | spare | ({dying} if dying else set()))
         mounts = _mount_points()
         for folder in ("/tmp", "/dev/shm"):
             _empty(folder, mounts)
@@ -404,8 +441,8 @@ def _reap(out: int, spawner: _Spawner) -> None:
             return
         if pid == 0:
             return
-        spawner.reaped(pid)
-        _answer(out, exit=pid, code=_exit_code(status))
+        if spawner.reaped(pid):
+            _answer(out, exit=pid, code=_exit_code(status))
 
 
 def serve(sock_fd: int, modules: list[str]) -> int:
@@ -429,11 +466,18 @@ def serve(sock_fd: int, modules: list[str]) -> int:
     spawner = _Spawner(sock, out, (wake_r, wake_w), sandboxed)
     _answer(out, ready=os.getpid(), failed=failed)
     while True:
-        spawner.refill()  # between requests: the fork is off the next block's path
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        # Fork the next block's process while none runs: off the next block's path, and not
+        # beside a running block, whose end this process must report (a fork of a warm
+        # interpreter takes milliseconds of CPU: on a busy machine, the block's own).
+        if not spawner.blocks:
+            spawner.refill()
+        readable, _, _ = select.select([sock.fileno(), wake_r, *spawner.channels], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(out, spawner)
+        for fd in readable:
+            if fd in spawner.channels:
+                spawner.told(fd)
         if sock.fileno() in readable and not spawner.handle():
             return 0
 

@@ -201,13 +201,16 @@ class WarmCommand(LocalCommand):
                 await self._kill(spawner, pid, exited)
             await _settle(streams.closed, _DRAIN_GRACE)
         finally:
-            if pid is not None:
-                spawner.forget(pid)
             # every process of the block that outlived it dies with it
             if jail is not None:
                 jail.close()
             elif isinstance(cgroup, _containment._CgroupJail) and self.sandbox is None:
-                cgroup.kill_others(keep={spawner.pid, spawner.spare})
+                # the block itself, if it said its end, is killed already: freeing its memory
+                # is the kernel's to finish, not a thing to wait for
+                dying = pid if pid is not None and pid in spawner.dying else None
+                cgroup.kill_others(keep={spawner.pid, spawner.spare, dying})
+            if pid is not None:
+                spawner.forget(pid)
             if streams is not None:
                 await _settle(streams.closed, _DRAIN_GRACE)
                 streams.close()
@@ -244,6 +247,8 @@ class _Spawner:
         self.gone = False
         self.pid = process.pid
         self.spare: int | None = None
+        #: blocks that said their end (killed since, the kernel freeing their memory)
+        self.dying: set[int] = set()
 
     @classmethod
     async def start(
@@ -305,6 +310,8 @@ class _Spawner:
             elif "exit" in answer:
                 future = self._exits.get(answer["exit"])  # taken by exit_of()
                 if future is not None and not future.done():
+                    if answer.get("early"):  # killed by the spawner, its memory being freed
+                        self.dying.add(answer["exit"])
                     future.set_result(answer["code"])
             else:
                 self._pids.put_nowait(BackendUnavailable(f"warm spawner: {answer.get('error')}"))
@@ -350,6 +357,7 @@ class _Spawner:
     def forget(self, pid: int) -> None:
         """The block ``pid`` is over: its status is no longer wanted."""
         self._exits.pop(pid, None)
+        self.dying.discard(pid)
 
     async def close(self) -> None:
         self.gone = True
