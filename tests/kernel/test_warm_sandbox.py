@@ -152,3 +152,13 @@ def _status(pid: int, field: str) -> str:
             if line.startswith(field + ":"):
                 return line.split(":", 1)[1]
     return ""
+
+
+def test_the_cli_flag_sandboxes_warm_command() -> None:
+    """``--sandbox`` with ``--executor warm-command`` asks for the sandbox option (the other
+    local back ends turn into their sandboxed twins)."""
+    from kernelexec.cli import build_parser, executor_flags
+
+    args = build_parser().parse_args(["run", "x.py", "--executor", "warm-command", "--sandbox"])
+    name, flags = executor_flags(args)
+    assert (name, flags.get("sandbox")) == ("warm-command", True)
