@@ -34,7 +34,15 @@ from .._errors import BackendUnavailable
 from . import _containment
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox, sandbox_options
 from .base import ByteSink, CommandOutcome
-from .local_command import _DRAIN_GRACE, LocalCommand, _resolve, _settle, _signal_group
+from .local_command import (
+    _DRAIN_GRACE,
+    LocalCommand,
+    _BlockProtocol,
+    _Pipe,
+    _same,
+    _settle,
+    _signal_group,
+)
 
 _SPAWNER = Path(__file__).resolve().parent.parent / "_resources" / "kernelexec_warm.py"
 #: what the spawner imports before the first block, where installed
@@ -375,29 +383,29 @@ class _Spawner:
 
 
 class _Streams:
-    """The block's stdout and stderr pipes, read as they are written."""
+    """The block's stdout and stderr pipes, read as they are written, through
+    ``LocalCommand``'s protocol (the sinks, a sink's error, "pipes closed")."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, on_stdout: ByteSink, on_stderr: ByteSink
     ) -> None:
         self._loop = loop
-        self.closed: asyncio.Future[None] = loop.create_future()
-        self._open = 2
-        self._sink_error: BaseException | None = None
+        self._block = _BlockProtocol(loop, on_stdout, on_stderr)
+        self.closed: asyncio.Future[None] = self._block.pipes_closed
         self._transports: list[asyncio.BaseTransport] = []
-        self._pending: list[tuple[int, ByteSink]] = []
+        self._pending: list[tuple[int, _Pipe]] = []
         self._write: list[int] = []
-        for sink in (on_stdout, on_stderr):
+        for fd in (1, 2):
             read, write = os.pipe()
-            self._pending.append((read, sink))
+            self._pending.append((read, _Pipe(self._block, fd)))
             self._write.append(write)
 
     async def open(self) -> tuple[int, int]:
         """Start reading; the write ends, for the block (the caller closes them)."""
-        for read, sink in self._pending:
+        for read, reader in self._pending:
             pipe = os.fdopen(read, "rb", buffering=0)
             transport, _ = await self._loop.connect_read_pipe(
-                functools.partial(_PipeReader, self, sink), pipe
+                functools.partial(_same, reader), pipe
             )
             self._transports.append(transport)
         self._pending = []
@@ -409,18 +417,6 @@ class _Streams:
         for fd in write:
             os.close(fd)
 
-    def feed(self, sink: ByteSink, data: bytes) -> None:
-        if self._sink_error is None:
-            try:
-                sink(data)
-            except Exception as exc:  # re-raised by run(), after the process is dealt with
-                self._sink_error = exc
-
-    def lost(self) -> None:
-        self._open -= 1
-        if self._open == 0:
-            _resolve(self.closed)
-
     def close(self) -> None:
         for transport in self._transports:
             transport.close()
@@ -429,17 +425,4 @@ class _Streams:
         self.drop_write_ends()
 
     def raise_sink_error(self) -> None:
-        if self._sink_error is not None:
-            raise self._sink_error
-
-
-class _PipeReader(asyncio.Protocol):
-    def __init__(self, streams: _Streams, sink: ByteSink) -> None:
-        self._streams = streams
-        self._sink = sink
-
-    def data_received(self, data: bytes) -> None:
-        self._streams.feed(self._sink, data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._streams.lost()
+        self._block.raise_sink_error()
