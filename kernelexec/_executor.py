@@ -567,7 +567,8 @@ class AsyncExecutor(ABC):
             for rel in after.changed_since(before)
             if str(self._work_dir / rel) not in skip
         ]
-        listed = list(result.files) + [p for p in changed if p not in result.files]
+        known = set(result.files)  # a list's lookups would be quadratic in the files
+        listed = list(result.files) + [p for p in changed if p not in known]
         result = result.with_changes(files=listed, duration_s=duration)
         self._after_block(block, result)
         return result

@@ -292,7 +292,7 @@ class OutputCollector:
         self._log = TextBudget(limit, spill_path=spill_path, spill_open=self._door.create_text)
         self._std = {"stdout": TextBudget(limit), "stderr": TextBudget(limit)}
         self._display_ids: dict[str, list[_Display]] = {}
-        self._saved: list[Path] = []
+        self._saved: dict[Path, None] = {}  # in order; a set's lookups (10,000 displays)
         self._rich_count = 0
         self._clear_pending = False
         self._reset_display_budget()
@@ -561,8 +561,7 @@ class OutputCollector:
             self._note(display, "not_saved", {mime: refused})
             return
         display.refused.pop(mime, None)
-        if path not in self._saved:
-            self._saved.append(path)
+        self._saved[path] = None
 
     @staticmethod
     def _note(display: _Display, key: str, value: dict[str, Any]) -> None:

@@ -47,7 +47,8 @@ def _warm_command(**options: Any) -> AsyncExecutor:
     from ._command import AsyncCommandLineExecutor
     from .backends.warm_command import WarmCommand
 
-    extra = {k: options.pop(k) for k in ("warm_up", "python", "containment") if k in options}
+    names = ("warm_up", "python", "containment", "sandbox")
+    extra = {k: options.pop(k) for k in names if k in options}
     return AsyncCommandLineExecutor(WarmCommand(**extra), **options)
 
 

@@ -75,6 +75,8 @@ def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             "with a provisioner: `kernelexec cluster spec` installs one)"
         )
     name = _sandboxed(args)
+    if name == "warm-command" and getattr(args, "sandbox", False):
+        options["sandbox"] = True  # the warm spawner, and so every block, in the sandbox
     runtime = getattr(args, "runtime", None)
     if runtime is not None:
         if not name.startswith("docker-"):
@@ -93,11 +95,12 @@ _SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
 def _sandboxed(args: argparse.Namespace) -> str:
     """``--sandbox`` turns the local back ends into their bubblewrap-sandboxed twins."""
     name = str(args.executor)
-    if not getattr(args, "sandbox", False) or name in _SANDBOXED.values():
+    if not getattr(args, "sandbox", False) or name in {*_SANDBOXED.values(), "warm-command"}:
         return name
     if name not in _SANDBOXED:
         raise UnknownExecutor(
-            f"--sandbox applies to the local back ends (kernel, command), not {name!r}; "
+            f"--sandbox applies to the local back ends (kernel, command, warm-command), "
+            f"not {name!r}; "
             "the docker-* executors are already isolated"
         )
     return _SANDBOXED[name]

@@ -8,20 +8,32 @@ Protocol. Requests arrive on the Unix socket ``FD``: one JSON document per messa
 (``{"code", "cwd", "env"}``) carrying the block's stdout and stderr pipes as
 ``SCM_RIGHTS``. Answers leave on stdout, one JSON line each: ``{"ready": pid}`` once warm,
 ``{"pid": n}`` per request (or ``{"error": text}``), and ``{"exit": n, "code": c}`` when a block's
-process ends (``c`` as ``subprocess`` gives it: negative for a signal). End of the socket ends
-the spawner; the blocks' processes are in the spawner's cgroup or their own session, which the
-host empties after each block.
+process ends (``c`` as ``subprocess`` gives it: negative for a signal; with ``"early": true`` when
+the block said its status itself as it ended: the spawner, its parent, has sent it SIGKILL, and
+the kernel is still freeing its memory, which for a fork of a large interpreter takes
+milliseconds no block need wait for). A request without pipes,
+``{"signal": n, "number": s}``, signals block ``n``'s process group (no answer). End of the socket
+ends the spawner; the blocks' processes are in the spawner's cgroup or their own session, which
+the host empties after each block.
+
+In a sandbox (``KX_WARM_SANDBOX=1``: the spawner is bubblewrap's, in a pid namespace of its own)
+the host cannot see the blocks' pids: the spawner empties the sandbox itself when a block ends,
+before it says so (every process but its own ancestors, itself and the spare; the private
+``/tmp`` and ``/dev/shm``; System V IPC objects), and signals a block when the host asks.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import gc
 import importlib
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -173,10 +185,11 @@ def _become_block(keep: tuple[int, ...]) -> None:
         os.close(fd)
 
 
-def _block(request: dict[str, Any], fds: list[int]) -> None:
-    """In the child: run the block, and never return."""
+def _block(request: dict[str, Any], fds: list[int], status: int) -> None:
+    """In the child: run the block, say its exit status on ``status``, and never return."""
     code = 1
     try:
+        _traceable(True)  # its own code may debug itself and its children, as ``python`` may
         _own_streams(*fds)
         _own_environment(request)
         _reseed()
@@ -191,25 +204,134 @@ def _block(request: dict[str, Any], fds: list[int]) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
+        with contextlib.suppress(BaseException):
+            for fd in (0, 1, 2):  # the host's pipes end here, not once the memory is freed
+                os.close(fd)
+            os.write(status, bytes([code & 0xFF]))
         os._exit(code)
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def _traceable(yes: bool) -> None:
+    """Whether processes of the same user may trace this one (or read its memory). The spawner
+    and the spare are not: a block (same user) could otherwise write into them, and so into
+    every later block."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, int(yes), 0, 0, 0)
+
+
+def _ancestors() -> set[int]:
+    """This process and those above it, as far as this pid namespace shows them."""
+    found, pid = set(), os.getpid()
+    while pid > 0 and pid not in found:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
+
+
+def _live_pids() -> list[int]:
+    """The processes of this pid namespace that are not zombies (those are being reaped)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in "ZX":
+                found.append(int(name))
+    return found
+
+
+def _kill_all_but(keep: set[int]) -> None:
+    """Kill every other process of the sandbox; again while one forked before it died."""
+    for _ in range(1000):
+        others = [pid for pid in _live_pids() if pid not in keep]
+        if not others:
+            return
+        for pid in others:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _mount_points() -> set[str]:
+    """Where something is mounted in the sandbox (the work dir, an interpreter under /tmp)."""
+    found = set()
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            # the kernel writes a space, tab, newline or backslash as an octal escape
+            found.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]))
+    return found
+
+
+def _empty(folder: str, mounts: set[str]) -> None:
+    """What the blocks left in one of the sandbox's private folders goes; what is bound into
+    it (the work dir under /tmp, say) is not theirs to lose, nor the folders above it."""
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.path in mounts:
+                continue
+            with contextlib.suppress(OSError):
+                if any(m.startswith(entry.path + "/") for m in mounts):
+                    _empty(entry.path, mounts)  # a folder bubblewrap made above a bound one
+                elif entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+
+
+_IPC_RMID = 0
+
+
+def _drop_ipc() -> None:
+    """System V shared memory, semaphores and queues live as long as the IPC namespace (the
+    sandbox's): a block could leave data for the next."""
+    libc = ctypes.CDLL(None)
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            ident = int(row.split()[1])
+            if kind == "sem":
+                libc.semctl(ident, 0, _IPC_RMID)
+            else:
+                getattr(libc, f"{kind}ctl")(ident, _IPC_RMID, None)
 
 
 class _Spawner:
     """Forks the next block's process ahead of time (a spare waiting for its request), so a
     block does not wait for the fork of a large warm process (page tables: milliseconds)."""
 
-    def __init__(self, sock: socket.socket, out: int, wake: tuple[int, int]) -> None:
+    def __init__(
+        self, sock: socket.socket, out: int, wake: tuple[int, int], sandboxed: bool
+    ) -> None:
         self.sock = sock
         self.out = out
         self.wake = wake
         self.spare: tuple[int, socket.socket] | None = None
+        self.blocks: set[int] = set()
+        # each running block's end of its request channel (it says its status on it)
+        self.channels: dict[int, tuple[int, socket.socket]] = {}
+        self.said: set[int] = set()  # blocks whose end was told early, not reaped yet
+        self.sandboxed = sandboxed
+        self.keep = _ancestors()  # bubblewrap's processes above the spawner, and itself
 
     def refill(self) -> None:
         if self.spare is not None:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
-        if pid == 0:
+        if pid == 0:  # not traceable (the spawner is not) until it runs a block
             ours.close()
             _become_block((self.sock.fileno(), self.out, *self.wake))
             with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
@@ -217,8 +339,7 @@ class _Spawner:
             received = _receive(theirs)  # the spawner's end closed: nothing to run
             if received is None:
                 os._exit(0)
-            theirs.close()
-            _block(*received)
+            _block(*received, status=theirs.fileno())
         theirs.close()
         self.spare = (pid, ours)
         _answer(self.out, spare=pid)
@@ -228,7 +349,9 @@ class _Spawner:
         if received is None:
             return False
         request, fds = received
-        if len(fds) != 2:
+        if not fds and "signal" in request:
+            self._signal(request)
+        elif len(fds) != 2:
             _answer(self.out, error="a request carries the block's stdout and stderr")
         else:
             self._give(request, fds)
@@ -247,17 +370,67 @@ class _Spawner:
                 socket.send_fds(channel, [struct.pack("!I", len(data))], fds)
                 channel.sendall(data)
             except OSError:
-                continue
-            finally:
                 channel.close()
+                continue
+            self.blocks.add(pid)
+            self.channels[channel.fileno()] = (pid, channel)
             _answer(self.out, pid=pid)
             return
         _answer(self.out, error="no process could be forked for the block")
 
-    def reaped(self, pid: int) -> None:
+    def _signal(self, request: dict[str, Any]) -> None:
+        pid = request["signal"]
+        if pid in self.blocks:  # a block's process (group), never another
+            with contextlib.suppress(OSError):
+                os.killpg(pid, int(request.get("number", signal.SIGKILL)))
+
+    def told(self, fd: int) -> None:
+        """A block's channel is readable: its status as it ends (or nothing: it ended without
+        saying, and its reaping will tell)."""
+        pid, channel = self.channels.pop(fd)
+        with contextlib.suppress(OSError):
+            said = channel.recv(1)
+        channel.close()
+        if not said or pid not in self.blocks:
+            return
+        # Whatever the block's code does, it runs no further: its parent, which has not reaped
+        # it, sends SIGKILL (its pid cannot be another process's yet).
+        os.kill(pid, signal.SIGKILL)
+        self.blocks.discard(pid)
+        self.said.add(pid)
+        if self.sandboxed:
+            self.empty_sandbox(dying=pid)
+        _answer(self.out, exit=pid, code=said[0], early=True)
+
+    def reaped(self, pid: int) -> bool:
+        """A child was reaped; whether its end is still to be told."""
         if self.spare is not None and self.spare[0] == pid:  # killed while it waited
             self.spare[1].close()
             self.spare = None
+        if pid in self.said:
+            self.said.discard(pid)
+            return False
+        for fd, (block, channel) in list(self.channels.items()):
+            if block == pid:
+                del self.channels[fd]
+                channel.close()
+        if pid in self.blocks:
+            self.blocks.discard(pid)
+            if self.sandboxed:
+                self.empty_sandbox()
+        return True
+
+    def empty_sandbox(self, dying: int | None = None) -> None:
+        """Nothing of the block that ended survives it in the sandbox (``--new-session`` and a
+        pid namespace shared by all blocks: the host cannot do it from outside). ``dying``: the
+        block, killed, whose memory the kernel is still freeing."""
+        spare = {self.spare[0]} if self.spare is not None else set()
+        _kill_all_but(self.keep | spare | ({dying} if dying else set()))
+        mounts = _mount_points()
+        for folder in ("/tmp", "/dev/shm"):
+            _empty(folder, mounts)
+        with contextlib.suppress(Exception):
+            _drop_ipc()
 
 
 def _reap(out: int, spawner: _Spawner) -> None:
@@ -268,8 +441,8 @@ def _reap(out: int, spawner: _Spawner) -> None:
             return
         if pid == 0:
             return
-        spawner.reaped(pid)
-        _answer(out, exit=pid, code=_exit_code(status))
+        if spawner.reaped(pid):
+            _answer(out, exit=pid, code=_exit_code(status))
 
 
 def serve(sock_fd: int, modules: list[str]) -> int:
@@ -283,19 +456,28 @@ def serve(sock_fd: int, modules: list[str]) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    _traceable(False)
     failed = _warm_up(modules)
     _figure_backend()
     # What the warm-up made is never collected again: a collection in a block would walk (and
     # so copy, page by page) the spawner's whole heap the fork shares copy-on-write.
     gc.freeze()
-    spawner = _Spawner(sock, out, (wake_r, wake_w))
+    sandboxed = os.environ.pop("KX_WARM_SANDBOX", "") == "1"
+    spawner = _Spawner(sock, out, (wake_r, wake_w), sandboxed)
     _answer(out, ready=os.getpid(), failed=failed)
     while True:
-        spawner.refill()  # between requests: the fork is off the next block's path
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        # Fork the next block's process while none runs: off the next block's path, and not
+        # beside a running block, whose end this process must report (a fork of a warm
+        # interpreter takes milliseconds of CPU: on a busy machine, the block's own).
+        if not spawner.blocks:
+            spawner.refill()
+        readable, _, _ = select.select([sock.fileno(), wake_r, *spawner.channels], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(out, spawner)
+        for fd in readable:
+            if fd in spawner.channels:
+                spawner.told(fd)
         if sock.fileno() in readable and not spawner.handle():
             return 0
 

@@ -6,12 +6,19 @@ block itself), in a cgroup (or session) of its own that is emptied when it ends,
 as the command executor has it. What blocks share is what the spawner made before the first block:
 the warm-up modules' import-time state (copy-on-write) and the interpreter's string hash seed.
 numpy's global generator is reseeded in each block. Shell blocks run as ``LocalCommand`` runs them.
+
+``sandbox=True`` (or ``SandboxOptions``) runs the spawner itself in a bubblewrap sandbox, as
+``SandboxedCommand`` runs each block: every block forked from it is sandboxed too. The blocks
+of one executor share that sandbox's namespaces, so the spawner empties it after each block
+(every other process, the private ``/tmp`` and ``/dev/shm``, System V IPC objects). Shell blocks
+then run as ``SandboxedCommand`` runs them, each in a fresh sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -25,8 +32,17 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from . import _containment
+from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox, sandbox_options
 from .base import ByteSink, CommandOutcome
-from .local_command import _DRAIN_GRACE, LocalCommand, _resolve, _settle, _signal_group
+from .local_command import (
+    _DRAIN_GRACE,
+    LocalCommand,
+    _BlockProtocol,
+    _Pipe,
+    _same,
+    _settle,
+    _signal_group,
+)
 
 _SPAWNER = Path(__file__).resolve().parent.parent / "_resources" / "kernelexec_warm.py"
 #: what the spawner imports before the first block, where installed
@@ -57,9 +73,16 @@ class WarmCommand(LocalCommand):
         kill_grace: float = 0.2,
         containment: str | None = None,
         warm_up: Sequence[str] | None = None,
+        sandbox: bool | SandboxOptions | None = None,
     ) -> None:
         super().__init__(python=python, shell=shell, kill_grace=kill_grace, containment=containment)
         self.warm_up = tuple(DEFAULT_WARM_UP if warm_up is None else warm_up)
+        #: the bubblewrap sandbox the spawner (and so every block) runs in, or None
+        self.sandbox = sandbox_options(sandbox)
+        if self.sandbox is not None:
+            check_sandbox()
+            self.inherits_host_env = False  # the block sees the executor's env only
+        self._work_dir: Path | None = None
         cgroup = self.containment.startswith("cgroup")
         self.block_containment = self.containment if cgroup else "process-group"
         self._warm: _Spawner | None = None
@@ -86,6 +109,7 @@ class WarmCommand(LocalCommand):
 
     async def start(self, work_dir: Path) -> None:
         await super().start(work_dir)
+        self._work_dir = work_dir
         await self._ensure_spawner()
 
     async def close(self) -> None:
@@ -100,14 +124,18 @@ class WarmCommand(LocalCommand):
         if jail is not None:
             jail.close()  # what is left of the blocks, and the cgroup itself
 
-    async def _ensure_spawner(self) -> _Spawner:
+    async def _ensure_spawner(self, env: Mapping[str, str] | None = None) -> _Spawner:
+        view = self._sandbox_view(env)
+        if self._warm is not None and self._warm.view != view:
+            await self._drop_spawner()  # a sandbox that does not show the block's PYTHONPATH
         if self._warm is None or self._warm.gone:
             await self._drop_spawner()
             jail = None
             if self.block_containment.startswith("cgroup"):
                 jail = _containment.make_jail(self.block_containment)
             try:
-                self._warm = await _Spawner.start(self.python, self.warm_up, jail)
+                argv, spawn_env = self._spawner_command(view)
+                self._warm = await _Spawner.start(argv, self.warm_up, spawn_env, jail, view)
             except BaseException:
                 if jail is not None:
                     jail.close()
@@ -115,6 +143,29 @@ class WarmCommand(LocalCommand):
             self._warm_jail = jail
             self.not_warmed = self._warm.failed
         return self._warm
+
+    def _sandbox_view(self, env: Mapping[str, str] | None) -> tuple[str, ...]:
+        """What the spawner's sandbox must show besides the interpreter: the absolute
+        ``PYTHONPATH`` folders of the blocks' environment (none without a sandbox)."""
+        if self.sandbox is None or env is None:
+            return self._warm.view if self._warm is not None else ()
+        folders = env.get("PYTHONPATH", "").split(os.pathsep)
+        return tuple(sorted({p for p in folders if os.path.isabs(p)}))
+
+    def _spawner_command(self, view: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+        """The spawner's command line and environment (bubblewrap's, when sandboxed)."""
+        argv = [self.python, "-u", str(_SPAWNER)]
+        if self.sandbox is None:
+            return argv, {**os.environ, **_SPAWNER_ENV}
+        assert self._work_dir is not None, "start() first"
+        give_to_sandbox(self._work_dir, self.sandbox, also=self.sandbox.writable)
+        # the spawner's own file (and the figure backend beside it) wherever kernelexec lives
+        options = dataclasses.replace(
+            self.sandbox, readable=[*self.sandbox.readable, str(_SPAWNER.parent)]
+        )
+        inner = {**_SPAWNER_ENV, "KX_WARM_SANDBOX": "1", "PYTHONPATH": os.pathsep.join(view)}
+        wrapped = bwrap_argv(options, argv, work_dir=self._work_dir, env=inner)
+        return wrapped, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     async def run(
         self,
@@ -135,9 +186,12 @@ class WarmCommand(LocalCommand):
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
             )
-        spawner = await self._ensure_spawner()
+        spawner = await self._ensure_spawner(env)
         cgroup = self._warm_jail
-        jail = None if cgroup is not None else _containment.make_jail("process-group")
+        # in a sandbox the block's pid is the sandbox's, not ours: the spawner holds it
+        jail = None
+        if cgroup is None and self.sandbox is None:
+            jail = _containment.make_jail("process-group")
         streams: _Streams | None = None
         pid: int | None = None
         try:
@@ -152,16 +206,19 @@ class WarmCommand(LocalCommand):
             exited = spawner.exit_of(pid)
             timed_out = not await _settle(exited, timeout)
             if timed_out:
-                await self._kill(pid, exited)
+                await self._kill(spawner, pid, exited)
             await _settle(streams.closed, _DRAIN_GRACE)
         finally:
-            if pid is not None:
-                spawner.forget(pid)
             # every process of the block that outlived it dies with it
             if jail is not None:
                 jail.close()
-            elif isinstance(cgroup, _containment._CgroupJail):
-                cgroup.kill_others(keep={spawner.pid, spawner.spare})
+            elif isinstance(cgroup, _containment._CgroupJail) and self.sandbox is None:
+                # the block itself, if it said its end, is killed already: freeing its memory
+                # is the kernel's to finish, not a thing to wait for
+                dying = pid if pid is not None and pid in spawner.dying else None
+                cgroup.kill_others(keep={spawner.pid, spawner.spare, dying})
+            if pid is not None:
+                spawner.forget(pid)
             if streams is not None:
                 await _settle(streams.closed, _DRAIN_GRACE)
                 streams.close()
@@ -170,18 +227,25 @@ class WarmCommand(LocalCommand):
             return CommandOutcome(exit_code=None, timed_out=True, killed_reason="timeout")
         return CommandOutcome(exit_code=exited.result())
 
-    async def _kill(self, pid: int, exited: asyncio.Future[int]) -> None:
-        _signal_group(pid, signal.SIGTERM)
-        await _settle(exited, self.kill_grace)
-        _signal_group(pid, signal.SIGKILL)
-        await _settle(exited, 5)
+    async def _kill(self, spawner: _Spawner, pid: int, exited: asyncio.Future[int]) -> None:
+        for sig, wait in ((signal.SIGTERM, self.kill_grace), (signal.SIGKILL, 5.0)):
+            if self.sandbox is None:
+                _signal_group(pid, sig)
+            else:
+                spawner.signal(pid, sig)
+            await _settle(exited, wait)
+        if not exited.done() and self.sandbox is not None:
+            await self._drop_spawner()  # a spawner that does not answer goes, sandbox and all
 
 
 class _Spawner:
     """The warm interpreter: requests go over a Unix socket (with the block's pipes), answers
     come back as JSON lines on its stdout."""
 
-    def __init__(self, process: asyncio.subprocess.Process, sock: socket.socket) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, sock: socket.socket, view: tuple[str, ...]
+    ) -> None:
+        self.view = view  # the PYTHONPATH folders its sandbox shows
         self._process = process
         self._sock = sock
         self._pids: asyncio.Queue[int | BaseException] = asyncio.Queue()
@@ -191,37 +255,42 @@ class _Spawner:
         self.gone = False
         self.pid = process.pid
         self.spare: int | None = None
+        #: blocks that said their end (killed since, the kernel freeing their memory)
+        self.dying: set[int] = set()
 
     @classmethod
     async def start(
-        cls, python: str, modules: Sequence[str], jail: _containment.Jail | None
+        cls,
+        argv: Sequence[str],
+        modules: Sequence[str],
+        env: Mapping[str, str],
+        jail: _containment.Jail | None,
+        view: tuple[str, ...] = (),
     ) -> _Spawner:
-        """Start the spawner (in ``jail``'s cgroup, joined before it runs anything)."""
+        """Start the spawner, ``argv`` (in ``jail``'s cgroup, joined before it runs anything)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spawn = jail.popen_kwargs() if jail is not None else {"start_new_session": True}
         try:
             process = await asyncio.create_subprocess_exec(
-                python,
-                "-u",
-                str(_SPAWNER),
+                *argv,
                 str(theirs.fileno()),
                 *modules,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
-                env={**os.environ, **_SPAWNER_ENV},
+                env=dict(env),
                 cwd="/",
                 **spawn,  # a session of its own: a Ctrl-C at the terminal is for the host
             )
         except OSError as exc:
             ours.close()
-            raise BackendUnavailable(f"cannot run {python}: {exc.strerror or exc}") from exc
+            raise BackendUnavailable(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
         finally:
             theirs.close()
             if jail is not None:
                 jail.started(0)
-        spawner = cls(process, ours)
+        spawner = cls(process, ours, view)
         await spawner._ready()
         return spawner
 
@@ -249,6 +318,8 @@ class _Spawner:
             elif "exit" in answer:
                 future = self._exits.get(answer["exit"])  # taken by exit_of()
                 if future is not None and not future.done():
+                    if answer.get("early"):  # killed by the spawner, its memory being freed
+                        self.dying.add(answer["exit"])
                     future.set_result(answer["code"])
             else:
                 self._pids.put_nowait(BackendUnavailable(f"warm spawner: {answer.get('error')}"))
@@ -277,6 +348,12 @@ class _Spawner:
             raise answer
         return answer
 
+    def signal(self, pid: int, sig: signal.Signals) -> None:
+        """Have the spawner signal block ``pid``'s process group (the sandbox's pid)."""
+        data = json.dumps({"signal": pid, "number": int(sig)}).encode()
+        with contextlib.suppress(OSError):  # gone: so is the block
+            self._sock.sendall(struct.pack("!I", len(data)) + data)
+
     def exit_of(self, pid: int) -> asyncio.Future[int]:
         """The exit status of the block process ``pid`` as ``subprocess`` gives it."""
         future = self._exits.get(pid)
@@ -288,6 +365,7 @@ class _Spawner:
     def forget(self, pid: int) -> None:
         """The block ``pid`` is over: its status is no longer wanted."""
         self._exits.pop(pid, None)
+        self.dying.discard(pid)
 
     async def close(self) -> None:
         self.gone = True
@@ -305,29 +383,29 @@ class _Spawner:
 
 
 class _Streams:
-    """The block's stdout and stderr pipes, read as they are written."""
+    """The block's stdout and stderr pipes, read as they are written, through
+    ``LocalCommand``'s protocol (the sinks, a sink's error, "pipes closed")."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, on_stdout: ByteSink, on_stderr: ByteSink
     ) -> None:
         self._loop = loop
-        self.closed: asyncio.Future[None] = loop.create_future()
-        self._open = 2
-        self._sink_error: BaseException | None = None
+        self._block = _BlockProtocol(loop, on_stdout, on_stderr)
+        self.closed: asyncio.Future[None] = self._block.pipes_closed
         self._transports: list[asyncio.BaseTransport] = []
-        self._pending: list[tuple[int, ByteSink]] = []
+        self._pending: list[tuple[int, _Pipe]] = []
         self._write: list[int] = []
-        for sink in (on_stdout, on_stderr):
+        for fd in (1, 2):
             read, write = os.pipe()
-            self._pending.append((read, sink))
+            self._pending.append((read, _Pipe(self._block, fd)))
             self._write.append(write)
 
     async def open(self) -> tuple[int, int]:
         """Start reading; the write ends, for the block (the caller closes them)."""
-        for read, sink in self._pending:
+        for read, reader in self._pending:
             pipe = os.fdopen(read, "rb", buffering=0)
             transport, _ = await self._loop.connect_read_pipe(
-                functools.partial(_PipeReader, self, sink), pipe
+                functools.partial(_same, reader), pipe
             )
             self._transports.append(transport)
         self._pending = []
@@ -339,18 +417,6 @@ class _Streams:
         for fd in write:
             os.close(fd)
 
-    def feed(self, sink: ByteSink, data: bytes) -> None:
-        if self._sink_error is None:
-            try:
-                sink(data)
-            except Exception as exc:  # re-raised by run(), after the process is dealt with
-                self._sink_error = exc
-
-    def lost(self) -> None:
-        self._open -= 1
-        if self._open == 0:
-            _resolve(self.closed)
-
     def close(self) -> None:
         for transport in self._transports:
             transport.close()
@@ -359,17 +425,4 @@ class _Streams:
         self.drop_write_ends()
 
     def raise_sink_error(self) -> None:
-        if self._sink_error is not None:
-            raise self._sink_error
-
-
-class _PipeReader(asyncio.Protocol):
-    def __init__(self, streams: _Streams, sink: ByteSink) -> None:
-        self._streams = streams
-        self._sink = sink
-
-    def data_received(self, data: bytes) -> None:
-        self._streams.feed(self._sink, data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._streams.lost()
+        self._block.raise_sink_error()

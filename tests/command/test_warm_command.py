@@ -115,6 +115,29 @@ def test_exit_statuses_read_as_the_command_executors(warm: Any) -> None:
     assert r.exit_code != 0 and not r.ok
 
 
+def test_a_block_that_says_its_end_early_is_killed(warm: Any) -> None:
+    """A block tells the spawner its status as it ends (the host need not wait while the
+    kernel frees a large forked process): one that says it and runs on is killed all the same."""
+    r = warm.execute(
+        "import os, socket, stat, sys, time\n"
+        "print(os.getpid(), flush=True)\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        "        if stat.S_ISSOCK(os.fstat(fd).st_mode): os.write(fd, bytes([7]))\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "time.sleep(600)\n",
+        timeout=20,
+    )
+    assert not r.timed_out and r.exit_code == 7, r.output
+    pid = int(r.output.split()[0])
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _running(pid)
+    assert warm.execute("print('next')").output == "next\n"
+
+
 def test_a_timeout_kills_the_block_not_the_spawner(warm: Any) -> None:
     spawner = warm.backend.pid
     started = time.monotonic()

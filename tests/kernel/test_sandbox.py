@@ -22,6 +22,9 @@ from kernelexec import BackendUnavailable, make_executor
 from kernelexec.backends._sandbox import SandboxOptions
 
 KINDS = ["sandboxed-kernel", "sandboxed-command"]
+#: the escape attempts run against these; warm-command is sandboxed by its sandbox= option
+ATTACKED = [*KINDS, "warm-command"]
+OPTIONS: dict[str, dict[str, Any]] = {"warm-command": {"warm_up": ("numpy",)}}  # quick to start
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def secret_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module", params=ATTACKED)
 def ex(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, secret_dir: Path
 ) -> Iterator[Any]:
@@ -43,7 +46,12 @@ def ex(
         options = SandboxOptions(hide=[str(secret_dir)], tmp_size=32 * 1024 * 1024)
         work = tmp_path_factory.mktemp(request.param)
         with make_executor(
-            request.param, work_dir=work, timeout=30, sandbox=options, env={"MINE": "given"}
+            request.param,
+            work_dir=work,
+            timeout=30,
+            sandbox=options,
+            env={"MINE": "given"},
+            **OPTIONS.get(request.param, {}),
         ) as executor:
             yield executor
     finally:
