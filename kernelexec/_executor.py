@@ -242,6 +242,7 @@ class AsyncExecutor(ABC):
         # Set by a back end whose cancelled block had to have its kernel replaced.
         self._state_lost_by_cancel = False
         self._closing = False  # close() is cancelling the jobs
+        self._job_ended_at = 0.0  # time.monotonic() when the latest job ended
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -379,6 +380,13 @@ class AsyncExecutor(ABC):
     def jobs(self) -> list[AsyncJob]:
         """The jobs submitted here that have not ended yet, in order."""
         return list(self._jobs)
+
+    @property
+    def last_job_end(self) -> float:
+        """``time.monotonic()`` when the latest job ended (0.0: none has): a session manager
+        counts it as use, so a session is not culled as idle while, or right after, a job
+        runs."""
+        return self._job_ended_at
 
     async def execute_code_blocks(
         self, code_blocks: Sequence[Any], *, timeout: float | None = None
@@ -570,6 +578,7 @@ class AsyncExecutor(ABC):
             return job.cancelled_result(f"{job.id} was not run: {exc}.", ran=False)
         finally:
             self._jobs.remove(job)
+            self._job_ended_at = time.monotonic()
 
     async def _run_job_block(
         self, job: AsyncJob, block: PreparedBlock, timeout: float
