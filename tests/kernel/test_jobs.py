@@ -21,13 +21,16 @@ import nbformat
 import pytest
 
 from kernelexec import (
+    AsyncCommandLineExecutor,
     AsyncKernelExecutor,
+    AsyncSessionManager,
     CommandLineExecutor,
     ExecutionTimeout,
     JobNotFinished,
     JobStatus,
     KernelExecError,
     KernelExecutor,
+    SessionOptions,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,3 +252,31 @@ def test_host_killed_with_a_job_running_notebook_says_where(tmp_path: Path) -> N
         pid = info.get("kernel_pid")
         if isinstance(pid, int) and _alive(pid):  # the orphan: this test's to end
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_session_running_a_job_is_not_culled_as_idle(tmp_path: Path) -> None:
+    """A job is use: the session manager does not cull its session while it runs, nor right
+    after it ends (the agent has yet to read its output)."""
+
+    async def scenario() -> None:
+        manager = AsyncSessionManager(
+            lambda: AsyncCommandLineExecutor(work_dir=tmp_path),
+            options=SessionOptions(idle_timeout=0.3, cull_interval=3600),
+        )
+        try:
+            ex = await manager.create("s")
+            gate = tmp_path / "gate"
+            job = await ex.submit(GATED.format(name="s", gate=str(gate)))
+            while "started s" not in job.peek().output:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # past the idle timeout, the job still running
+            assert await manager.cull_idle() == []
+            gate.touch()
+            assert (await job.wait(30)).ok
+            assert await manager.cull_idle() == []  # it has just ended
+            await asyncio.sleep(0.5)
+            assert await manager.cull_idle() == ["s"]  # idle since: culled as usual
+        finally:
+            await manager.close()
+
+    asyncio.run(scenario())
