@@ -58,16 +58,40 @@ def output_text(output: NbOutput) -> str:
     return f"[{next(iter(data), 'display')}]\n" if data else ""
 
 
+class _Tail:
+    """The latest ``limit`` characters of a text that keeps growing, in amortized linear time
+    (a flood of small chunks must not copy the whole kept text per chunk)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._parts: list[str] = []
+        self._size = 0  # characters in _parts
+        self.end = 0  # characters ever added
+
+    def add(self, text: str) -> None:
+        self._parts.append(text)
+        self._size += len(text)
+        self.end += len(text)
+        if self._size > 2 * self._limit:  # compact now and then, not per chunk
+            self._parts = ["".join(self._parts)[-self._limit :]]
+            self._size = self._limit
+
+    def kept(self) -> tuple[str, int]:
+        """The kept text and the offset it starts at."""
+        text = "".join(self._parts)[-self._limit :]
+        return text, self.end - len(text)
+
+
 class OutputLog:
     """A job's outputs so far, bounded: the text's latest ``limit`` characters (offsets count
     from the job's first character, so a reader can ask "since offset N" however much was let
-    go), the streams merged per name, and the latest rich outputs."""
+    go), the streams merged per name (each its latest ``limit`` characters), and the latest
+    rich outputs."""
 
     def __init__(self, limit: int) -> None:
         self._limit = max(1, limit)
-        self._text = ""
-        self.dropped = 0  # characters let go from the front
-        self._streams: dict[str, str] = {}
+        self._text = _Tail(self._limit)
+        self._streams: dict[str, _Tail] = {}
         self._rich: deque[NbOutput] = deque(maxlen=_KEPT_RICH)
         self._order: list[str] = []  # the order streams and rich outputs first came in
         self._guard = threading.Lock()  # fed on the loop's thread, read from the caller's
@@ -75,17 +99,13 @@ class OutputLog:
     def add(self, output: NbOutput) -> None:
         text = output_text(output)
         with self._guard:
-            self._text += text
-            over = len(self._text) - self._limit
-            if over > 0:
-                self._text = self._text[over:]
-                self.dropped += over
+            self._text.add(text)
             if output.get("output_type") == "stream":
                 name = str(output.get("name", "stdout"))
                 if name not in self._streams:
                     self._order.append(name)
-                kept = self._streams.get(name, "") + text
-                self._streams[name] = kept[-self._limit :]
+                    self._streams[name] = _Tail(self._limit)
+                self._streams[name].add(text)
             else:
                 if "rich" not in self._order:
                     self._order.append("rich")
@@ -94,20 +114,22 @@ class OutputLog:
     @property
     def end(self) -> int:
         """The offset just past the last character received."""
-        return self.dropped + len(self._text)
+        return self._text.end
 
     def since(self, offset: int) -> tuple[str, int]:
         """The text from ``offset`` on (from the oldest kept when that was let go) and the
         offset it really starts at."""
         with self._guard:
-            start = min(max(offset, self.dropped), self.end)
-            return self._text[start - self.dropped :], start
+            text, first = self._text.kept()
+        start = min(max(offset, first), first + len(text))
+        return text[start - first :], start
 
     def text(self) -> str:
         with self._guard:
-            if self.dropped:
-                return f"[... {self.dropped} earlier characters not kept ...]\n{self._text}"
-            return self._text
+            text, first = self._text.kept()
+        if first:
+            return f"[... {first} earlier characters not kept ...]\n{text}"
+        return text
 
     def outputs(self) -> list[NbOutput]:
         """nbformat outputs: each stream merged (its kept tail), then the rich outputs."""
@@ -117,7 +139,8 @@ class OutputLog:
                 if key == "rich":
                     out.extend(dict(o) for o in self._rich)
                 else:
-                    out.append({"output_type": "stream", "name": key, "text": self._streams[key]})
+                    text, _ = self._streams[key].kept()
+                    out.append({"output_type": "stream", "name": key, "text": text})
             return out
 
 
