@@ -269,6 +269,12 @@ class AsyncJob:
                 f"{self.id} is still {self._status.value} after {limit:g} s; it keeps running:"
                 " wait() again, peek() at its outputs, or cancel() it"
             )
+        return self.final()
+
+    def final(self) -> ExecutionResult:
+        """The result of a job that has ended (its failure raised, if kernelexec failed)."""
+        task = self._task
+        assert task is not None and task.done(), "final() of a job that has not ended"
         if task.cancelled():  # only when its loop was torn down under it
             ran = self.started_at is not None
             return self.cancelled_result(f"{self.id} was cancelled", ran=ran)
@@ -324,7 +330,14 @@ class Job:
         return self._job.peek()
 
     def wait(self, timeout: float | None = None) -> ExecutionResult:
+        """The job's result once it ends; ``JobNotFinished`` after ``timeout`` seconds."""
+        _check_wait(timeout)
+        if self._job.done():  # also once the executor (and its event loop) closed
+            return self._job.final()
         return self._portal.call(self._job.wait, timeout)
 
     def cancel(self) -> ExecutionResult:
+        """Stop the job and return its final result; again, or once ended: no change."""
+        if self._job.done():
+            return self._job.final()
         return self._portal.call(self._job.cancel)

@@ -199,6 +199,12 @@ def test_stateless_executor_jobs(tmp_path: Path) -> None:
         result = job.cancel()
         assert job.status is JobStatus.CANCELLED and "hi" in result.output
         assert cmd.submit("print(2 + 2)").wait(30).output.strip() == "4"
+        late = cmd.submit("import time\nprint('late', flush=True)\ntime.sleep(60)")
+        _until(lambda: "late" in late.peek().output)
+    # closed with the job running: it ended cancelled, and its result stays readable
+    assert late.status is JobStatus.CANCELLED
+    assert late.wait() is late.result and late.cancel() is late.result
+    assert late.result is not None and "executor was closed" in late.result.output
 
 
 def _alive(pid: int) -> bool:
