@@ -31,6 +31,8 @@ if TYPE_CHECKING:
         InvalidPath,
         InvalidTimeout,
         InvalidWorkDir,
+        JobNotFinished,
+        JobNotFound,
         KernelDied,
         KernelExecError,
         KernelStartFailed,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from ._executor import AsyncExecutor, ExecutorOptions, SyncExecutor
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
     from ._files import FileEntry
+    from ._jobs import AsyncJob, Job, JobStatus
     from ._kernel import AsyncKernelExecutor, KernelExecutor
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
@@ -79,6 +82,7 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "AsyncCommandLineExecutor": "._command",
     "AsyncExecutor": "._executor",
+    "AsyncJob": "._jobs",
     "AsyncKernelExecutor": "._kernel",
     "AsyncKernelPool": ".pool",
     "AsyncSessionManager": ".pool",
@@ -112,6 +116,10 @@ _LAZY: dict[str, str] = {
     "InvalidPath": "._errors",
     "InvalidTimeout": "._errors",
     "InvalidWorkDir": "._errors",
+    "Job": "._jobs",
+    "JobNotFinished": "._errors",
+    "JobNotFound": "._errors",
+    "JobStatus": "._jobs",
     "KernelBackend": ".backends.base",
     "KernelDied": "._errors",
     "KernelExecError": "._errors",
@@ -155,6 +163,7 @@ __all__ = [
     "EXECUTOR_NAMES",
     "AsyncCommandLineExecutor",
     "AsyncExecutor",
+    "AsyncJob",
     "AsyncKernelExecutor",
     "AsyncKernelPool",
     "AsyncSessionManager",
@@ -187,6 +196,10 @@ __all__ = [
     "InvalidPath",
     "InvalidTimeout",
     "InvalidWorkDir",
+    "Job",
+    "JobNotFinished",
+    "JobNotFound",
+    "JobStatus",
     "KernelBackend",
     "KernelDied",
     "KernelExecError",

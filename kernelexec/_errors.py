@@ -39,8 +39,10 @@ callers can catch broadly::
     │   ├── SessionExists               a session of that name is already open (+ ValueError)
     │   ├── SessionNotFound             unknown or culled session
     │   └── PoolExhausted               more kernels asked for than the pool's maximum
-    └── ExecutionTimeout            + TimeoutError   (a block ran out of time where the caller
-                                                     asked for an exception: the AutoGen adapter)
+    ├── ExecutionTimeout            + TimeoutError   (a block ran out of time where the caller
+    │   │                                            asked for an exception: the AutoGen adapter)
+    │   └── JobNotFinished              a job's ``wait(timeout)`` gave up; the job runs on
+    └── JobNotFound                 + KeyError       (a job id the MCP server does not know)
 
 Errors from foreign libraries are translated in one place each, with ``raise ... from`` so the
 original stays attached: the Docker SDK in ``backends/_docker.py`` (``translate_errors``), the
@@ -186,3 +188,15 @@ class ExecutionTimeout(KernelExecError, TimeoutError):
     The native API reports a timeout as a result (``timed_out``, exit 124); adapters whose peer
     raises ``TimeoutError`` (AutoGen's executors) raise this instead.
     """
+
+
+class JobNotFinished(ExecutionTimeout):
+    """``job.wait(timeout)`` returned before the job ended. The job is not touched: it keeps
+    running (``peek()`` it, ``wait()`` again or ``cancel()`` it)."""
+
+
+class JobNotFound(KernelExecError, KeyError):
+    """No job with that id (never submitted here, or its session was closed)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "job not found"

@@ -10,6 +10,7 @@ drives a core through a private event-loop thread (see ``_sync``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import numbers
@@ -19,7 +20,7 @@ import stat
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,7 @@ from ._functions import (
     module_source,
 )
 from ._guard import REFUSAL, dangerous_command, shell_part
+from ._jobs import AsyncJob, Job, JobStatus
 from ._session import SessionNotebook
 from ._sync import Portal, SyncFront
 from ._types import EXIT_ERROR, EXIT_OK, CodeBlock, ErrorInfo, ExecutionResult, NbOutput
@@ -48,6 +50,9 @@ from ._workdir import INTERNAL_DIR, Snapshot, filename_from_code, folder_option,
 
 OutputCallback = Callable[[NbOutput], None]
 """Receives each output (an nbformat v4 output dict) as it arrives."""
+
+# A running job's outputs reach the session notebook (and its file) at most this often.
+_JOB_FLUSH_INTERVAL = 0.5
 
 # Work dirs with fewer files than this are scanned on the event loop (see ``_snapshot``).
 _INLINE_SNAPSHOT_ENTRIES = 500
@@ -228,6 +233,16 @@ class AsyncExecutor(ABC):
         self._door = Door(self._work_dir)
         # Every session is a notebook; with a path it is rewritten after each block.
         self._notebook = SessionNotebook(path=notebook_path, door=self._door)
+        # Blocks and jobs waiting for their turn, in order (a job's position is read here).
+        self._line: list[object] = []
+        self._jobs: list[AsyncJob] = []  # submitted and not yet ended
+        self._job: AsyncJob | None = None  # the job whose block runs now
+        self._job_cell = -1  # its cell in the session notebook
+        self._job_flush: asyncio.TimerHandle | None = None
+        # Set by a back end whose cancelled block had to have its kernel replaced.
+        self._state_lost_by_cancel = False
+        self._closing = False  # close() is cancelling the jobs
+        self._job_ended_at = 0.0  # time.monotonic() when the latest job ended
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -328,7 +343,7 @@ class AsyncExecutor(ABC):
         self._check_open()
         if timeout is not None:
             check_timeout(timeout)
-        async with self._lock:
+        async with self._turn(object()):
             self._check_open()
             prepared = self._prepare(block)
             if isinstance(prepared, ExecutionResult):
@@ -336,6 +351,42 @@ class AsyncExecutor(ABC):
             await self._ensure_started()
             limit = self.options.timeout if timeout is None else check_timeout(timeout)
             return await self._run_and_observe(prepared, limit)
+
+    async def submit(
+        self, code: str, language: str = "python", *, timeout: float | None = None
+    ) -> AsyncJob:
+        """Start a block in the background and return its job at once.
+
+        The job waits behind the block running and those sent before it (``job.position``);
+        blocks sent after it (``execute``, ``submit``) wait behind it. ``timeout`` is the
+        block's own limit once it runs (default: the executor's), as for ``execute``.
+        """
+        self._check_open()
+        limit = self.options.timeout if timeout is None else check_timeout(timeout)
+        job = AsyncJob(
+            CodeBlock(code=code, language=language),
+            limit=self.options.output_limit,
+            position=self._position,
+        )
+        self._line.append(job)  # in line now, so a block sent right after comes after it
+        self._jobs.append(job)
+        job.start(lambda j: self._run_job(j, limit))
+        # Let the job's task reach the lock (it does not wait before that), so that the lock's
+        # own first-come order is the line's order.
+        await asyncio.sleep(0)
+        return job
+
+    @property
+    def jobs(self) -> list[AsyncJob]:
+        """The jobs submitted here that have not ended yet, in order."""
+        return list(self._jobs)
+
+    @property
+    def last_job_end(self) -> float:
+        """``time.monotonic()`` when the latest job ended (0.0: none has): a session manager
+        counts it as use, so a session is not culled as idle while, or right after, a job
+        runs."""
+        return self._job_ended_at
 
     async def execute_code_blocks(
         self, code_blocks: Sequence[Any], *, timeout: float | None = None
@@ -390,12 +441,14 @@ class AsyncExecutor(ABC):
                 await self._ensure_started()
 
     async def close(self) -> None:
-        """Stop the back end and remove what this executor created. Safe to call twice."""
+        """Stop the back end and remove what this executor created. Safe to call twice. Jobs
+        still queued or running are cancelled first (they end ``cancelled``)."""
         if self._closed:
             return
         self._closed = True
         if os.getpid() != self._owner:
             return  # a forked child: what this executor holds is its parent's to close
+        await self._end_jobs()
         async with self._lock:
             try:
                 if self._started:
@@ -474,12 +527,127 @@ class AsyncExecutor(ABC):
             self._door.write_bytes(inside, data)
 
     def _emit(self, output: NbOutput) -> None:
+        if self._job is not None:
+            self._job.log.add(output)
+            self._schedule_job_flush()
         if self.on_output is not None:
             self.on_output(output)
 
     def _after_block(self, block: PreparedBlock, result: ExecutionResult) -> None:
         """Called with every finished block's result: the session notebook records it."""
+        if self._job is not None:
+            self._finish_job_cell(block, result, JobStatus.DONE)
+            return
         self._notebook.record(block.code, block.language, result, executor=executor_label(self))
+
+    # -- jobs -------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _turn(self, entry: object) -> AsyncIterator[None]:
+        """Hold the executor for one block, after those in line before ``entry``."""
+        if entry not in self._line:
+            self._line.append(entry)
+        try:
+            async with self._lock:
+                self._line.remove(entry)
+                yield
+        finally:
+            if entry in self._line:  # cancelled while waiting
+                self._line.remove(entry)
+
+    def _position(self, job: AsyncJob) -> int | None:
+        try:
+            ahead = self._line.index(job)
+        except ValueError:
+            return None
+        return ahead + (1 if self._lock.locked() else 0)
+
+    async def _run_job(self, job: AsyncJob, timeout: float) -> ExecutionResult:
+        try:
+            async with self._turn(job):
+                self._check_open()
+                prepared = self._prepare(job.block)
+                if isinstance(prepared, ExecutionResult):
+                    return prepared
+                await self._ensure_started()
+                return await self._run_job_block(job, prepared, timeout)
+        except asyncio.CancelledError:  # cancelled while it waited: nothing of it ran
+            job.mark_cancelled()
+            return job.cancelled_result(f"{job.id} was cancelled before it ran.", ran=False)
+        except ExecutorClosed as exc:
+            job.mark_cancelled()
+            return job.cancelled_result(f"{job.id} was not run: {exc}.", ran=False)
+        finally:
+            self._jobs.remove(job)
+            self._job_ended_at = time.monotonic()
+
+    async def _run_job_block(
+        self, job: AsyncJob, block: PreparedBlock, timeout: float
+    ) -> ExecutionResult:
+        job.mark_running()
+        label = executor_label(self)
+        self._job, self._state_lost_by_cancel = job, False
+        self._job_cell = self._notebook.begin_job(
+            block.code, block.language, executor=label, job=job.id
+        )
+        try:
+            return await self._run_and_observe(block, timeout)
+        except asyncio.CancelledError:
+            # The back end has stopped the block (a kernel: interrupted, its state kept) before
+            # the cancel reached here; what it printed is in the job's log.
+            lost = self._state_lost_by_cancel
+            why = f"{job.id} was cancelled while running; " + (
+                "it ignored the interrupt, so the kernel was replaced: its state is gone."
+                if lost
+                else "the session's state is kept."
+            )
+            if self._closing:
+                why = f"{job.id} was cancelled while running: the executor was closed."
+            result = job.cancelled_result(why, ran=True, state_lost=lost)
+            job.mark_cancelled()
+            self._finish_job_cell(block, result, JobStatus.CANCELLED)
+            return result
+        finally:
+            self._job = None
+            if self._job_flush is not None:
+                self._job_flush.cancel()
+                self._job_flush = None
+
+    def _finish_job_cell(
+        self, block: PreparedBlock, result: ExecutionResult, status: JobStatus
+    ) -> None:
+        job = self._job
+        assert job is not None
+        self._notebook.finish_job(
+            self._job_cell,
+            block.code,
+            block.language,
+            result,
+            executor=executor_label(self),
+            job=job.id,
+            status=status.value,
+        )
+
+    def _schedule_job_flush(self) -> None:
+        """Show the running job's outputs in the session notebook soon (at most every
+        ``_JOB_FLUSH_INTERVAL``: a chatty job must not rewrite the file per line)."""
+        if self._job_flush is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # fed from another thread: the cell is written when the job ends
+        self._job_flush = loop.call_later(_JOB_FLUSH_INTERVAL, self._flush_job)
+
+    def _flush_job(self) -> None:
+        self._job_flush = None
+        if self._job is not None:
+            self._notebook.job_progress(self._job_cell, self._job.log.outputs())
+
+    async def _end_jobs(self) -> None:
+        """Cancel every job not yet ended and wait for them (the executor is closing)."""
+        self._closing = True
+        # All asked at once: a queued job must not start while the one before it stops.
+        await asyncio.gather(*(job.cancel() for job in list(self._jobs)))
 
     # -- internals ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -667,6 +835,15 @@ class SyncExecutor(SyncFront[_A]):
 
     def execute_block(self, block: CodeBlock, *, timeout: float | None = None) -> ExecutionResult:
         return self._call(self._core.execute_block, block, timeout=timeout)
+
+    def submit(self, code: str, language: str = "python", *, timeout: float | None = None) -> Job:
+        """Start a block in the background and return its job at once (see ``AsyncExecutor``)."""
+        return Job(self._call(self._core.submit, code, language, timeout=timeout), self._portal)
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The jobs submitted here that have not ended yet, in order."""
+        return [Job(job, self._portal) for job in self._core.jobs]
 
     def execute_code_blocks(
         self, code_blocks: Sequence[Any], *, timeout: float | None = None

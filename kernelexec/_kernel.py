@@ -614,7 +614,10 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def close(self) -> None:
         """Shut the kernel down; a block running meanwhile (another task or thread) is
-        interrupted first rather than waited for (it returns its ``KeyboardInterrupt``)."""
+        interrupted first rather than waited for (it returns its ``KeyboardInterrupt``); jobs
+        are cancelled first (they end ``cancelled``, not with that interrupt)."""
+        if not self.closed and os.getpid() == self._owner:
+            await self._end_jobs()
         await self._stop_running_block()
         await super().close()
 
@@ -905,6 +908,7 @@ class _BlockRun:
                 "a cancelled block did not stop when interrupted: the kernel was restarted, and "
                 "its variables and imports were lost"
             )
+            self._ex._state_lost_by_cancel = True  # a job's cancelled result says so
             await self._ex._replace_kernel()
 
     async def _pump(self, reply: asyncio.Future[dict[str, Any]]) -> _Ending:

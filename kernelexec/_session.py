@@ -34,7 +34,7 @@ from nbformat import NotebookNode
 
 from ._door import Door
 from ._errors import InvalidPath, InvalidWorkDir, NotebookError
-from ._types import ExecutionResult
+from ._types import ExecutionResult, NbOutput
 
 # nbformat's functions carry no annotations; these typed names keep mypy --strict meaningful.
 new_output: Callable[..., NotebookNode] = nbformat.v4.new_output
@@ -326,6 +326,59 @@ class SessionNotebook:
                 cells.append(new_markdown_cell(_STATE_LOST_NOTE))
             self._append(cells)
         return cell
+
+    def begin_job(self, code: str, language: str, *, executor: str, job: str) -> int:
+        """A job's cell, shown as running (its outputs are filled in by ``job_progress`` as
+        they come, and it is replaced by the finished cell): if the host dies meanwhile, the
+        file says which job was running and what it had printed. Returns the cell's index."""
+        with self._guard:
+            meta = {"language": language, "executor": executor, "job": job, "status": "running"}
+            cell: NotebookNode = from_dict(
+                {
+                    "cell_type": "code",
+                    "id": random_cell_id(),
+                    "metadata": {META_KEY: meta},
+                    "source": cell_source(code, language),
+                    "execution_count": None,
+                    "outputs": [],
+                }
+            )
+            self._append([cell])
+            return len(self._nb.cells) - 1
+
+    def job_progress(self, index: int, outputs: list[NbOutput]) -> None:
+        """The running job's outputs so far into its cell (and the file, with a path set)."""
+        with self._guard:
+            cell = self._nb.cells[index]
+            cell.outputs = [o for out in outputs if (o := _safe_output(out, None)) is not None]
+            self._changed(index)
+
+    def finish_job(
+        self,
+        index: int,
+        code: str,
+        language: str,
+        result: ExecutionResult,
+        *,
+        executor: str,
+        job: str,
+        status: str,
+    ) -> None:
+        """Replace a job's running cell with its finished one (saying how it ended)."""
+        with self._guard:
+            self._count += 1
+            cell = session_cell(code, language, result, executor=executor, count=self._count)
+            cell.metadata[META_KEY].update(job=job, status=status)
+            self._nb.cells[index] = cell
+            self._nb.metadata[META_KEY] = {"executor": executor}
+            if result.state_lost:
+                self._nb.cells.insert(index + 1, new_markdown_cell(_STATE_LOST_NOTE))
+            self._changed(index)
+
+    def _changed(self, index: int) -> None:
+        del self._cell_texts[index:]  # serialized again from that cell on
+        if self.path is not None:
+            write_text_atomic(self._text(), self.path, door=self._door)
 
     def record_restart(self) -> None:
         """Mark a restart: cells below it ran in a fresh kernel."""

@@ -423,6 +423,13 @@ async def run_silently(client: KernelClientLike, code: str, timeout: float) -> N
 # -- sessions ---------------------------------------------------------------------------------
 
 
+def _idle_since(session: _Session, now: float) -> float:
+    """Seconds since the session was last used; a job running or just ended is use."""
+    if session.executor.jobs:
+        return 0.0
+    return now - max(session.last_used, session.executor.last_job_end)
+
+
 @dataclass(eq=False)
 class _Session:
     name: str
@@ -531,7 +538,9 @@ class AsyncSessionManager:
             return []
         now = time.monotonic()
         stale = [
-            s for s in self._sessions.values() if not s.lock.locked() and now - s.last_used > limit
+            s
+            for s in self._sessions.values()
+            if not s.lock.locked() and _idle_since(s, now) > limit
         ]
         for session in stale:
             self._remember_culled(session.name)

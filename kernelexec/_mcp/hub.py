@@ -5,7 +5,9 @@ is created by the first ``execute`` that names it; every other call on an unknow
 ``SessionNotFound`` listing the sessions there are. Kernel executors come from an
 ``AsyncKernelPool`` kept ``warm`` kernels ahead of use, so a new session does not wait for a cold
 start. A call whose caller goes away mid-block interrupts the block and waits for it to end, so
-nothing keeps running behind a client that left.
+nothing keeps running behind a client that left. A detached block (a job, ``submit``) is the
+exception, by request: it belongs to its session, not to a connection, and runs on after the
+client leaves; any client reads it by id.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 import anyio
 
 from .._door import Door
-from .._errors import InvalidBlock, SessionLimitReached, SessionNotFound
+from .._errors import InvalidBlock, JobNotFound, SessionLimitReached, SessionNotFound
 from .._executor import AsyncExecutor, check_timeout, error_result
+from .._jobs import AsyncJob, JobStatus
 from .._registry import EXECUTORS, executor_entry, make_async_executor
 from .._types import ExecutionResult, NbOutput
 from .._workdir import INTERNAL_DIR, resolve_inside
@@ -39,6 +42,8 @@ POOLED = ("kernel", "docker-kernel", "gateway")
 NOTEBOOK_NAME = "session.ipynb"
 #: list_files gives at most this many files
 _MAX_LISTED = 1000
+#: jobs the hub remembers (ended ones stay readable); past it the oldest ended are forgotten
+MAX_KEPT_JOBS = 200
 #: how long a block gets to end after the interrupt sent when its caller left
 _STOP_GRACE = 10.0
 
@@ -133,6 +138,7 @@ class Hub:
             )
         self._records: dict[str, _Record] = {}
         self._creating: dict[str, asyncio.Task[_Record]] = {}
+        self._jobs: dict[str, tuple[str, AsyncJob]] = {}  # job id -> its session, the job
 
     @property
     def stateful(self) -> bool:
@@ -280,6 +286,32 @@ class Hub:
             record.notebook_dirty = True
             return result, record.executor.work_dir
 
+    async def submit(
+        self, name: str, code: str, language: str = "python", *, timeout: float | None = None
+    ) -> AsyncJob:
+        """Start a block in session ``name`` (created if new) as a job; returns at once."""
+        record = await self._get_or_create(name)
+        job = await record.executor.submit(code, language, timeout=timeout)
+        record.blocks += 1
+        record.notebook_dirty = True
+        record.last_used = time.monotonic()
+        self._jobs[job.id] = (name, job)
+        self._forget_old_jobs()
+        return job
+
+    def job(self, job_id: str) -> tuple[str, AsyncJob]:
+        """Job ``job_id`` and its session's name; ``JobNotFound`` lists the jobs there are."""
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            known = ", ".join(self._jobs) or "none yet"
+            raise JobNotFound(f"no job {job_id!r} (jobs: {known})")
+        return entry
+
+    def _forget_old_jobs(self) -> None:
+        ended = [job_id for job_id, (_, job) in self._jobs.items() if job.done()]
+        for job_id in ended[: max(0, len(self._jobs) - MAX_KEPT_JOBS)]:
+            del self._jobs[job_id]
+
     async def _stop(self, record: _Record, run: asyncio.Future[ExecutionResult]) -> None:
         interrupt = getattr(record.executor, "interrupt", None)
         if interrupt is not None and not run.done():
@@ -295,7 +327,7 @@ class Hub:
     async def interrupt(self, name: str) -> bool:
         """Interrupt the block running in ``name`` (state kept); False if none was running."""
         record = self.record(name)
-        if not record.busy:
+        if not record.busy and not record.executor.jobs:
             return False
         await self._interrupt_block(record)
         return True
@@ -323,6 +355,10 @@ class Hub:
         elif record.run is not None and not record.run.done():
             record.stopped = True
             record.run.cancel()
+        else:  # a stateless session's running job: its process is stopped
+            for job in record.executor.jobs:
+                if job.status is JobStatus.RUNNING:
+                    await job.cancel()
 
     # -- files -----------------------------------------------------------------------------
     def path(self, name: str, relative: str) -> Path:

@@ -1,7 +1,9 @@
 """The MCP tools over a ``Hub``, built with the official ``mcp`` SDK (the ``mcp`` extra).
 
 ``build_server(hub)`` returns an ``MCPServer`` whose tools are ``execute``, ``list_sessions``,
-``restart``, ``interrupt``, ``close_session``, ``upload_file``, ``read_file`` and ``list_files``.
+``restart``, ``interrupt``, ``close_session``, ``upload_file``, ``read_file``, ``list_files``
+and, for detached blocks (``execute`` with ``detach``), ``job_status``, ``job_output`` and
+``job_cancel``.
 A tool's failure (unknown session, a path outside the work dir, ...) is a tool error the model
 reads, never a protocol error. ``serve_stdio`` and ``serve_http`` run it.
 """
@@ -30,7 +32,8 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import CallToolResult, ContentBlock, ImageContent, ResourceLink, TextContent
 
 from .._door import Door
-from .._errors import KernelExecError
+from .._errors import InvalidBlock, KernelExecError
+from .._jobs import AsyncJob
 from .._types import ExecutionResult, NbOutput
 from .._version import __version__
 from .hub import Hub
@@ -55,7 +58,10 @@ use; "default" if none is given): variables, imports and files persist across ca
 past its timeout is interrupted and the session keeps its state. Images a block shows come back
 as images; other files it writes come back as links. Use `upload_file` / `read_file` /
 `list_files` for the session's work dir, `interrupt` to stop a running block, `restart` for a
-clean kernel, `close_session` when done."""
+clean kernel, `close_session` when done. A long block can run detached: `execute` with
+`detach: true` returns a job id at once; read what it printed with `job_output` (from an
+offset), see where it is with `job_status`, stop it with `job_cancel`. Blocks sent to the
+session meanwhile run after it. A job outlives the connection that started it."""
 
 
 _TOOL_ERRORS = (KernelExecError, ValueError, OSError)
@@ -74,6 +80,9 @@ async def _tool_errors(call: Awaitable[CallToolResult]) -> CallToolResult:
 
 
 def _status(result: ExecutionResult) -> str:
+    if result.error is not None and result.error.ename == "JobCancelled":
+        lost = "; the kernel was restarted and its state was lost" if result.state_lost else ""
+        return f"cancelled{lost}"
     if result.not_run:
         lost = "; the kernel was restarted and its state was lost" if result.state_lost else ""
         return f"not run{lost}"
@@ -162,6 +171,38 @@ def _execute_result(result: ExecutionResult, work_dir: Path) -> CallToolResult:
     return CallToolResult(content=result_content(result, work_dir), is_error=not result.ok)
 
 
+def _job_state(session: str, job: AsyncJob) -> dict[str, Any]:
+    """What ``job_status`` says of a job (JSON-ready)."""
+    state: dict[str, Any] = {"job": job.id, "session": session, "status": job.status.value}
+    if job.position is not None:
+        state["position"] = job.position  # blocks that run before it (1: it is next)
+    if job.started_at is not None:
+        end = job.ended_at or time.time()
+        state["running_s" if job.ended_at is None else "ran_s"] = round(end - job.started_at, 1)
+    state["output_chars"] = job.log.end
+    result = job.result
+    if result is not None:
+        state["exit_code"] = result.exit_code
+        state["result"] = _status(result)
+    return state
+
+
+def _job_output(job: AsyncJob, offset: int) -> CallToolResult:
+    """The job's text from ``offset`` on, then where it stands and the offset to ask next."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidBlock(f"offset must be a whole number >= 0, not {offset!r}")
+    chunk, start = job.log.since(offset)
+    notes = []
+    if start > offset:
+        notes.append(f"[characters {offset} to {start} were not kept]")
+    result = job.result
+    where = job.status.value if result is None else _status(result)
+    if result is not None and result.error is not None and result.error.ename == "JobCancelled":
+        where += f" ({result.error.evalue})"
+    footer = f"[job {job.id} {where}; next offset {job.log.end}]"
+    return _text("\n".join([*notes, chunk.rstrip("\n") or "(no new output)", footer]))
+
+
 def _wants_progress(ctx: Context[Any, Any]) -> bool:
     """Whether the caller asked for progress notifications (sent a progress token)."""
     try:
@@ -224,14 +265,29 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         language: str = "python",
         session: str = "default",
         timeout: float | None = None,
+        detach: bool = False,
     ) -> CallToolResult:
         """Run a code block in a session (created on first use); state persists across calls.
 
         language: python, or shell / bash for a shell block. timeout: seconds (default: the
-        server's); a block past it is interrupted and the session keeps its state.
+        server's); a block past it is interrupted and the session keeps its state. detach: run
+        it in the background and return a job id at once (see job_status, job_output,
+        job_cancel); the timeout then still applies to the block.
         """
 
         async def run() -> CallToolResult:
+            if detach:
+                job = await hub.submit(
+                    session,
+                    code,
+                    language,
+                    timeout=default_timeout if timeout is None else timeout,
+                )
+                state = _job_state(session, job)
+                return _text(
+                    json.dumps(state)
+                    + f"\nRunning detached. Read its output with job_output(job={job.id!r})."
+                )
             if not _wants_progress(ctx):  # the common case: no task next to the block
                 result, work_dir = await hub.execute(
                     session, code, language, timeout=default_timeout if timeout is None else timeout
@@ -258,6 +314,43 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
             return _execute_result(result, work_dir)
 
         return await _tool_errors(run())
+
+    @server.tool()
+    async def job_status(job: str) -> CallToolResult:
+        """Where a detached block is: queued (and its position), running, done or cancelled."""
+
+        async def call() -> CallToolResult:
+            session_name, found = hub.job(job)
+            return _text(json.dumps(_job_state(session_name, found), indent=1))
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def job_output(job: str, offset: int = 0) -> CallToolResult:
+        """A detached block's output from character ``offset`` on (0: from its start); the
+        answer ends with its status and the offset to ask from next time."""
+
+        async def call() -> CallToolResult:
+            return _job_output(hub.job(job)[1], offset)
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def job_cancel(job: str) -> CallToolResult:
+        """Stop a detached block (a kernel is interrupted and keeps its state; a queued job
+        never runs). Cancelling a job that has ended changes nothing and says how it ended."""
+
+        async def call() -> CallToolResult:
+            _, found = hub.job(job)
+            was = found.status.value
+            result = await found.cancel()
+            output = result.output.rstrip("\n") or "(no output)"
+            return _text(
+                f"job {found.id} was {was}; now {found.status.value}.\n{output}\n"
+                f"[{_status(result)}]"
+            )
+
+        return await _tool_errors(call())
 
     @server.tool()
     async def list_sessions() -> CallToolResult:

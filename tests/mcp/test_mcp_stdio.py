@@ -24,6 +24,9 @@ TOOLS = {
     "upload_file",
     "read_file",
     "list_files",
+    "job_status",
+    "job_output",
+    "job_cancel",
 }
 
 

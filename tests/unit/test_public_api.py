@@ -7,6 +7,7 @@ import kernelexec
 EXPECTED = {
     "AsyncCommandLineExecutor",
     "AsyncExecutor",
+    "AsyncJob",
     "AsyncKernelExecutor",
     "AsyncKernelPool",
     "AsyncSessionManager",
@@ -44,6 +45,10 @@ EXPECTED = {
     "InvalidPath",
     "InvalidTimeout",
     "InvalidWorkDir",
+    "Job",
+    "JobNotFinished",
+    "JobNotFound",
+    "JobStatus",
     "KernelBackend",
     "KernelDied",
     "KernelExecError",
