@@ -21,13 +21,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._branch import FORKABLE, AsyncLiveSnapshot, LiveSnapshot, copy_work_dir, pause
 from ._budget import full_value
 from ._errors import (
     ExecutionTimeout,
+    ForkUnsupported,
     KernelDied,
     KernelExecError,
     KernelStartFailed,
     RequestAborted,
+    SessionBusy,
+    SnapshotError,
 )
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
@@ -35,6 +39,7 @@ from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
+from .backends.forked_kernel import PID_EXPRESSION, ForkedKernel, fork_request_code
 from .backends.local_kernel import LocalKernel
 
 _log = logging.getLogger("kernelexec")
@@ -553,6 +558,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
+        # Forks of a session and their snapshots share its lineage: a snapshot restores into
+        # any of them, never into another session.
+        self._lineage: object = object()
+        self._snapshots: list[AsyncLiveSnapshot] = []
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
@@ -616,7 +625,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         """Shut the kernel down; a block running meanwhile (another task or thread) is
         interrupted first rather than waited for (it returns its ``KeyboardInterrupt``)."""
         await self._stop_running_block()
+        started = self._started
         await super().close()
+        if not started and isinstance(self.backend, ForkedKernel):
+            await self.backend.shutdown()  # a fork never started: its forked process goes
 
     async def _stop_running_block(self) -> None:
         # Only once the kernel is up: SIGINT to a kernel still starting could end it.
@@ -636,7 +648,177 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self._replace_kernel()
 
     async def _close(self) -> None:
+        # The session's live snapshots are paused kernels of its own: they go with it.
+        snapshots, self._snapshots = self._snapshots, []
+        for snapshot in snapshots:
+            with contextlib.suppress(Exception):
+                await snapshot.release()
         await self.backend.shutdown()
+
+    # -- fork and live snapshots -------------------------------------------------------------
+    async def fork(self, n: int | None = None) -> Any:
+        """A new executor whose kernel holds this one's state (every variable, import, figure)
+        and whose work dir is a copy of this one's; the two then diverge. ``fork(n=3)``: a
+        list of three. The kernel process is forked copy-on-write (local and fork-server
+        kernels; ``ForkUnsupported`` elsewhere); this session is undisturbed. Refused with
+        ``SessionBusy`` while a block runs. Each fork is closed on its own."""
+        count = 1 if n is None else n
+        children = await self._forked(count)
+        try:
+            for child in children:
+                await child.start()
+        except BaseException:
+            await _close_all(children)
+            raise
+        return children[0] if n is None else children
+
+    async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
+        """``count`` forks, their kernels forked and not yet connected to: each is started on
+        the event loop that will drive it (the sync twin gives each its own)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
+        async with self._branching("fork()"):
+            return await self._forks(count, lineage=self._lineage)
+
+    async def snapshot(self) -> AsyncLiveSnapshot:
+        """A live snapshot: a paused forked copy of the kernel (milliseconds, copy-on-write)
+        and a copy of the work dir. ``restore(snapshot)`` makes it current again (as often as
+        asked); ``snapshot.release()`` frees it; closing the session releases it too. Its
+        pages count toward the machine's memory as the session's own do when written."""
+        async with self._branching("snapshot()"):
+            (holder,) = await self._forks(1, lineage=self._lineage)
+            try:
+                await holder.start()
+            except BaseException:
+                await holder.close()
+                raise
+            pause(holder.backend.pid, paused=True)
+        snapshot = AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
+        self._snapshots.append(snapshot)
+        return snapshot
+
+    async def restore(self, snapshot: AsyncLiveSnapshot) -> None:
+        """Make a live snapshot of this session (or of a fork of it) current: the kernel is
+        replaced by a fresh fork of the snapshot (which stays as it was, for another restore)
+        and the work dir's files by the snapshot's. Refused with ``SnapshotError`` for a
+        released snapshot or one of another session, ``SessionBusy`` while a block runs."""
+        if isinstance(snapshot, LiveSnapshot):
+            snapshot = snapshot.aio
+        if not isinstance(snapshot, AsyncLiveSnapshot):
+            raise SnapshotError(f"not a live snapshot: {snapshot!r}")
+        if snapshot.released:
+            raise SnapshotError("this snapshot was released: it can no longer be restored")
+        if snapshot._lineage is not self._lineage:
+            raise SnapshotError(
+                "this snapshot was taken from another session: restore it there (or into a"
+                " fork of that session)"
+            )
+        async with self._branching("restore()"):
+            holder: AsyncKernelExecutor = snapshot._holder
+            backend = self._forked_backend()
+            backend.run_at_start(_SETUP_CODE)
+            request = backend.prepare(work_dir=self.work_dir)
+            pause(holder.backend.pid, paused=False)
+            try:
+                async with holder._lock:
+                    pid = await holder._fork_process(request)
+            finally:
+                pause(holder.backend.pid, paused=True)
+            backend.adopted(pid)
+            await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
+            old, self.backend = self.backend, backend
+            try:
+                await backend.start(
+                    work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout
+                )
+            except BaseException:
+                self.backend = old  # the session keeps the kernel it had
+                await backend.shutdown()
+                raise
+            self._dead = None
+            self._idle_since = asyncio.get_running_loop().time()
+            await old.shutdown()
+
+    @contextlib.asynccontextmanager
+    async def _branching(self, what: str) -> Any:
+        """The session's lock for a fork, snapshot or restore: refused at once (not queued)
+        while a block runs, and only for a back end whose kernel process can be forked."""
+        self._check_open()
+        if self.backend.kind not in FORKABLE:
+            raise ForkUnsupported(
+                f"{what} forks the kernel process, which a {self.backend.kind} back end does"
+                f" not allow; it works with {', '.join(FORKABLE)}"
+            )
+        if self._lock.locked():
+            raise SessionBusy(
+                f"a block is running in this session: {what} is refused while it runs (a"
+                " half-run block is no state to branch from); call it after the block ends"
+            )
+        async with self._lock:
+            self._check_open()
+            await self._ensure_started()
+            if self._dead is not None:
+                raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
+            yield
+
+    def _forked_backend(self) -> ForkedKernel:
+        python = getattr(self.backend, "python", None)
+        return ForkedKernel(origin_kind=self.backend.kind, python=python)
+
+    async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
+        children: list[AsyncKernelExecutor] = []
+        try:
+            for _ in range(count):
+                child = self._child()
+                child._lineage = lineage
+                children.append(child)
+                await asyncio.to_thread(copy_work_dir, self._door, child._door)
+                request = child.backend.prepare(work_dir=child.work_dir)  # type: ignore[attr-defined]
+                pid = await self._fork_process(request)
+                child.backend.adopted(pid)  # type: ignore[attr-defined]
+        except BaseException:
+            await _close_all(children)
+            raise
+        return children
+
+    def _child(self) -> AsyncKernelExecutor:
+        """A new executor like this one (same options, own work dir) for a forked kernel."""
+        options = self.options
+        return type(self)(
+            self._forked_backend(),
+            timeout=options.timeout,
+            env=dict(options.env),
+            output_limit=options.output_limit,
+            cleanup_code_files=options.cleanup_code_files,
+            outputs_dir=options.outputs_dir,
+            refuse_dangerous=options.refuse_dangerous,
+            code_extractor=self.code_extractor,
+            input=self.input_callback,
+            restart_on_death=self.restart_on_death,
+            interrupt_grace=self.interrupt_grace,
+            startup_timeout=self.startup_timeout,
+        )
+
+    async def _fork_process(self, request: dict[str, Any]) -> int:
+        """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
+        child's pid. A kernel that cannot fork (out of memory, a process limit) raises
+        ``KernelStartFailed`` saying why; the kernel itself carries on."""
+        try:
+            reply = await self._quiet_request(
+                fork_request_code(request), {"pid": PID_EXPRESSION}, self.startup_timeout
+            )
+        except asyncio.TimeoutError as exc:
+            raise KernelStartFailed("the kernel did not answer the request to fork") from exc
+        value = (reply.get("user_expressions") or {}).get("pid") or {}
+        if reply.get("status") != "ok" or value.get("status") != "ok":
+            why = f"{reply.get('ename') or value.get('ename')}: {reply.get('evalue') or value.get('evalue')}"
+            raise KernelStartFailed(f"the kernel could not fork ({why})")
+        try:
+            return int(value["data"]["text/plain"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KernelStartFailed("the kernel did not say which process it forked") from exc
 
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         if self._dead is not None:
@@ -838,6 +1020,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         else:
             self._dead = "exit() was called"
         return result.with_changes(output=_append(result.output, note), state_lost=True)
+
+
+async def _close_all(executors: list[AsyncKernelExecutor]) -> None:
+    for executor in executors:
+        with contextlib.suppress(Exception):
+            await executor.close()
 
 
 class _BlockRun:
@@ -1123,6 +1311,30 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     def interrupt(self) -> None:
         """Interrupt the block running (from another thread); the kernel keeps its state."""
         self._call(self._core.interrupt)
+
+    def fork(self, n: int | None = None) -> Any:
+        """A new ``KernelExecutor`` with this one's state and a copy of its work dir (``n``: a
+        list of that many); see ``AsyncKernelExecutor.fork``. Each fork is closed on its own."""
+        # Each fork gets an event-loop thread of its own (its kernel client is made there):
+        # it outlives this executor.
+        cores = self._call(self._core._forked, 1 if n is None else n)
+        fronts = [SyncExecutor.wrap(core) for core in cores]
+        try:
+            for front in fronts:
+                front.start()
+        except BaseException:
+            for front in fronts:
+                front.close()
+            raise
+        return fronts[0] if n is None else fronts
+
+    def snapshot(self) -> LiveSnapshot:
+        """A live snapshot (a paused forked copy); see ``AsyncKernelExecutor.snapshot``."""
+        return LiveSnapshot(self._call(self._core.snapshot), self._call)
+
+    def restore(self, snapshot: LiveSnapshot | AsyncLiveSnapshot) -> None:
+        """Make a live snapshot current again; see ``AsyncKernelExecutor.restore``."""
+        self._call(self._core.restore, snapshot)
 
     def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
         """What the kernel would complete at ``cursor_pos`` (default: the end of ``code``)."""
