@@ -8,16 +8,19 @@ planted is never followed nor copied), and the snapshot handle a caller holds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 from ._door import Door
-from ._errors import InvalidPath
+from ._errors import InvalidPath, SnapshotError
 from ._workdir import INTERNAL_DIR
 
 _COPY_CHUNK = 1 << 20
@@ -93,6 +96,9 @@ class AsyncLiveSnapshot:
         self.taken_at = time.time()
         self._release = release
         self._released = False
+        # The paused copy's kernel client lives on the loop it was taken on (the session's):
+        # a fork of the session restoring it, on a loop of its own, asks it there.
+        self._loop = asyncio.get_running_loop()
 
     @property
     def released(self) -> bool:
@@ -104,11 +110,24 @@ class AsyncLiveSnapshot:
         if self._released:
             return
         self._released = True
-        await self._release()
+        await self.at_home(self._release)
+
+    async def at_home(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """``fn()`` run on the loop the snapshot was taken on, from any loop."""
+        if self._loop is asyncio.get_running_loop():
+            return await fn()
+        if self._loop.is_closed() or not self._loop.is_running():
+            raise SnapshotError("the session this snapshot was taken from has ended")
+        future = asyncio.run_coroutine_threadsafe(_call(fn), self._loop)
+        return await asyncio.wrap_future(future)
 
     def __repr__(self) -> str:
         state = "released" if self._released else "live"
         return f"<AsyncLiveSnapshot of a {self.kind} session, {state}>"
+
+
+async def _call(fn: Callable[[], Awaitable[_T]]) -> _T:
+    return await fn()
 
 
 class LiveSnapshot:

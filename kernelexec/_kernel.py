@@ -39,7 +39,7 @@ from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
-from .backends.forked_kernel import PID_EXPRESSION, ForkedKernel, fork_request_code
+from .backends.forked_kernel import ForkedKernel, fork_request
 from .backends.local_kernel import LocalKernel
 
 _log = logging.getLogger("kernelexec")
@@ -692,7 +692,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             except BaseException:
                 await holder.close()
                 raise
-            pause(holder.backend.pid, paused=True)
+            pause(_pid_of(holder), paused=True)
         snapshot = AsyncLiveSnapshot(
             holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
         )
@@ -720,12 +720,20 @@ class AsyncKernelExecutor(AsyncExecutor):
             backend = self._forked_backend()
             backend.run_at_start(_SETUP_CODE)
             request = backend.prepare(work_dir=self.work_dir)
-            pause(holder.backend.pid, paused=False)
+
+            async def fork_holder() -> int:
+                pause(_pid_of(holder), paused=False)
+                try:
+                    async with holder._lock:
+                        return await holder._fork_process(request)
+                finally:
+                    pause(_pid_of(holder), paused=True)
+
             try:
-                async with holder._lock:
-                    pid = await holder._fork_process(request)
-            finally:
-                pause(holder.backend.pid, paused=True)
+                pid = await snapshot.at_home(fork_holder)
+            except BaseException:
+                await backend.shutdown()  # its folder and cgroup, prepared for nothing
+                raise
             backend.adopted(pid)
             await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
             old, self.backend = self.backend, backend
@@ -805,15 +813,15 @@ class AsyncKernelExecutor(AsyncExecutor):
         """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
         child's pid. A kernel that cannot fork (out of memory, a process limit) raises
         ``KernelStartFailed`` saying why; the kernel itself carries on."""
+        cell, expression = fork_request(request)
         try:
-            reply = await self._quiet_request(
-                fork_request_code(request), {"pid": PID_EXPRESSION}, self.startup_timeout
-            )
+            reply = await self._quiet_request(cell, {"pid": expression}, self.startup_timeout)
         except asyncio.TimeoutError as exc:
             raise KernelStartFailed("the kernel did not answer the request to fork") from exc
         value = (reply.get("user_expressions") or {}).get("pid") or {}
         if reply.get("status") != "ok" or value.get("status") != "ok":
-            why = f"{reply.get('ename') or value.get('ename')}: {reply.get('evalue') or value.get('evalue')}"
+            failed = reply if reply.get("status") != "ok" else value
+            why = f"{failed.get('ename')}: {failed.get('evalue')}"
             raise KernelStartFailed(f"the kernel could not fork ({why})")
         try:
             return int(value["data"]["text/plain"])
@@ -1020,6 +1028,11 @@ class AsyncKernelExecutor(AsyncExecutor):
         else:
             self._dead = "exit() was called"
         return result.with_changes(output=_append(result.output, note), state_lost=True)
+
+
+def _pid_of(executor: AsyncKernelExecutor) -> int | None:
+    pid: int | None = getattr(executor.backend, "pid", None)
+    return pid
 
 
 async def _close_all(executors: list[AsyncKernelExecutor]) -> None:

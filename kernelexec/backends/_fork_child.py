@@ -1,6 +1,7 @@
 """Forks a running IPython kernel: sent as source to the kernel (never imported by the host).
 
-The host runs ``fork(request)`` in the kernel as a silent request (see ``forked_kernel``). The
+The host loads this into the kernel with a silent request and calls ``fork(request)`` as its
+user expression (see ``forked_kernel``). The
 kernel forks twice (the child is nobody's child but init's: the kernel that forked it never has
 to reap it) and answers with the child's pid; the kernel itself is undisturbed: no name added,
 no history, no output. The child, copy-on-write, keeps the kernel's whole Python state (every
@@ -19,22 +20,22 @@ The child never returns into the parent's request: it runs its own kernel and ex
 No kernelexec import here: the kernel may run another interpreter than the host's.
 """
 
+from __future__ import annotations
+
+import contextlib
 import os
+from typing import Any
 
-pid = None  # the forked child's pid, read back by the host's request
-_kept: list = []  # the parent's objects, kept alive (never collected) in the child
+_kept: list[Any] = []  # the parent's objects, kept alive (never collected) in the child
 
 
-def fork(request):
-    """In the kernel: fork the child described by ``request``; its pid in ``pid``."""
-    global pid
+def fork(request: dict[str, Any]) -> int:
+    """In the kernel: fork the child described by ``request``; the child's pid."""
     import sys
 
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -49,19 +50,15 @@ def fork(request):
         finally:
             os._exit(code)
     os.close(write_end)
-    try:
-        os.waitpid(middle, 0)
-        with os.fdopen(read_end, "rb") as f:
-            text = f.read().decode()
-    except BaseException:
-        pid = None
-        raise
-    pid = int(text) if text else None
-    if pid is None:
+    os.waitpid(middle, 0)
+    with os.fdopen(read_end, "rb") as f:
+        text = f.read().decode()
+    if not text:
         raise RuntimeError("the forked kernel's process did not start")
+    return int(text)
 
 
-def _become_kernel(request):
+def _become_kernel(request: dict[str, Any]) -> None:
     code = 1
     try:
         _prepare_process(request)
@@ -82,7 +79,7 @@ def _become_kernel(request):
         os._exit(code)
 
 
-def _prepare_process(request):
+def _prepare_process(request: dict[str, Any]) -> None:
     import atexit
     import signal
 
@@ -99,7 +96,7 @@ def _prepare_process(request):
     os.chdir(request["cwd"])
 
 
-def _own_stdio(log):
+def _own_stdio(log: str) -> None:
     """fd 1 to nowhere, fd 2 to the child's own log, as for a local kernel; the parent's output
     capture (a pipe its thread reads) let go of."""
     import sys
@@ -117,7 +114,7 @@ def _own_stdio(log):
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
-def _close_shared():
+def _close_shared() -> None:
     """Every socket, pipe and event descriptor inherited from the parent kernel (its zmq
     contexts, its event loop's epoll and wake-up pipe, its capture pipes): shared with the
     parent, they would steal its messages if used. Regular files a block opened stay open."""
@@ -133,13 +130,11 @@ def _close_shared():
         except OSError:
             continue
         if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) or target.startswith("anon_inode:"):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
-def _rebuild_app(request):
+def _rebuild_app(request: dict[str, Any]) -> Any:
     """The kernel application, with new sockets, threads and kernel around the same shell."""
     import asyncio
     import logging
@@ -148,7 +143,7 @@ def _rebuild_app(request):
     from ipykernel.kernelapp import IPKernelApp
     from jupyter_client.session import Session
 
-    app = IPKernelApp.instance()
+    app: Any = IPKernelApp.instance()
     old_loop = asyncio.events._get_running_loop()
     _kept.extend([old_loop, app.kernel, app.context, app.heartbeat, app.iopub_thread])
     _kept.extend([app.control_thread, getattr(app, "shell_channel_thread", None), app.poller])
@@ -172,7 +167,7 @@ def _rebuild_app(request):
     app.init_heartbeat()
     app.init_io()
     app.init_signal()
-    shell = app.shell
+    shell: Any = app.shell
     type(app.kernel).clear_instance()
     app.init_kernel()
     shell.parent = shell.kernel = app.kernel

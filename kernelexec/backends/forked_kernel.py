@@ -1,8 +1,8 @@
 """A kernel forked from another running kernel: same state, own process, sockets and cgroup.
 
 ``AsyncKernelExecutor.fork()`` prepares a ``ForkedKernel`` (its private folder, connection file
-and cgroup), asks the running kernel to fork itself into it (``fork_request_code``: the source
-of ``_fork_child.py`` run as a silent request), then starts the child's executor, whose back end
+and cgroup), asks the running kernel to fork itself into it (``fork_request``: the source of
+``_fork_child.py`` loaded by a silent request, run by its user expression), then starts the child's executor, whose back end
 adopts the forked process: from then on it is a kernel like a fork-server kernel (not the
 host's child; its own process group and cgroup, killed with them on ``close()``).
 
@@ -23,22 +23,27 @@ from . import _containment
 from .fork_kernel import ForkKernel
 
 _CHILD_SOURCE = Path(__file__).with_name("_fork_child.py")
-#: the module the fork code registers in the kernel (its ``pid`` is read back)
+#: the module the fork code is loaded into in the kernel (never the user's namespace)
 MODULE = "_kx_fork"
-PID_EXPRESSION = f"__import__('sys').modules[{MODULE!r}].pid"
 
 
-def fork_request_code(request: dict[str, Any]) -> str:
-    """The silent cell that forks the kernel it runs in: no name is left in the user's
-    namespace (the code lives in a module object of its own)."""
+def fork_request(request: dict[str, Any]) -> tuple[str, str]:
+    """The silent cell that loads the fork code into a module object of its own (no name is
+    left in the user's namespace), and the user expression that forks and is the child's pid.
+    The fork runs as an expression, after the cell: the child starts outside any cell (IPython's
+    display and builtin traps are not held), as a kernel between two requests is."""
     source = _CHILD_SOURCE.read_text(encoding="utf-8")
-    return (
+    cell = (
         "(lambda m: (m.__dict__.update(__builtins__=__import__('builtins')),"
         f" exec(compile({source!r}, '<kernelexec fork>', 'exec'), m.__dict__),"
-        f" __import__('sys').modules.__setitem__({MODULE!r}, m),"
-        f" m.fork(__import__('json').loads({json.dumps(request)!r}))))"
+        f" __import__('sys').modules.__setitem__({MODULE!r}, m)))"
         f"(__import__('types').ModuleType({MODULE!r}))\n"
     )
+    expression = (
+        f"__import__('sys').modules[{MODULE!r}].fork("
+        f"__import__('json').loads({json.dumps(request)!r}))"
+    )
+    return cell, expression
 
 
 class ForkedKernel(ForkKernel):

@@ -1,0 +1,258 @@
+"""Forking a live session and live snapshots (issue 35, items 1 and 2), on real kernels.
+
+A fork is a new executor whose kernel is the running kernel forked copy-on-write: same state,
+its own process, process group, cgroup, sockets and work dir (a copy); the parent undisturbed.
+A live snapshot is a paused fork, restored by forking it again into the session."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kx_containment import gone_within, our_cgroups, running
+
+from kernelexec import (
+    ForkUnsupported,
+    KernelExecutor,
+    KernelStartFailed,
+    SessionBusy,
+    SnapshotError,
+    make_executor,
+)
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def ex() -> Iterator[KernelExecutor]:
+    """One local kernel holding a little state (a number, an array, a function, a file)."""
+    with KernelExecutor(timeout=60) as executor:
+        r = executor.execute(
+            "import numpy as np\nx = 41\na = np.arange(10)\ndef f(v): return v * 2\n"
+            "open('data.txt', 'w').write('parent data')\n"
+        )
+        assert r.exit_code == 0, r.output
+        yield executor
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
+    """A fork-server kernel (another session, and the other back end that forks)."""
+    work = tmp_path_factory.mktemp("fork-session")
+    with make_executor("fork-kernel", work_dir=work, timeout=60) as executor:
+        assert isinstance(executor, KernelExecutor)
+        yield executor
+
+
+def _pid(executor: KernelExecutor) -> int:
+    return int(executor.execute("import os; os.getpid()").output)
+
+
+def _cgroup(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
+def test_a_fork_holds_the_state_and_the_two_diverge(ex: KernelExecutor) -> None:
+    child = ex.fork()
+    try:
+        assert isinstance(child, KernelExecutor)
+        r = child.execute("x += 1\nprint(x, a.sum(), f(4), open('data.txt').read())")
+        assert r.exit_code == 0, r.output
+        assert r.output.split() == ["42", "45", "8", "parent", "data"]
+        # Its work dir is a copy: a write there is the child's alone, and the kernel runs in it.
+        assert child.work_dir != ex.work_dir
+        child.execute("open('data.txt', 'w').write('child data')")
+        assert (ex.work_dir / "data.txt").read_text() == "parent data"
+        assert child.execute("import os; print(os.getcwd())").output.strip() == str(child.work_dir)
+        assert ex.execute("print(x)").output.strip() == "41"
+        child.execute("only_in_child = 1")
+        assert ex.execute("only_in_child").exit_code != 0
+    finally:
+        child.close()
+    assert ex.execute("print(x + 1)").output.strip() == "42"  # the parent carries on
+
+
+def test_the_parent_is_undisturbed(ex: KernelExecutor) -> None:
+    """No name, history entry, execution count or output of the fork in the parent."""
+    probe = "print(len(In), sorted(k for k in globals() if 'kx' in k))"
+    before = ex.execute(probe).output
+    child = ex.fork()
+    child.close()
+    after = ex.execute(probe).output
+    count_before, names_before = before.split(" ", 1)
+    count_after, names_after = after.split(" ", 1)
+    assert int(count_after) == int(count_before) + 1  # the probe itself, nothing else
+    assert names_after == names_before  # no name of kernelexec's was added
+
+
+def test_each_fork_is_its_own_process_group_and_cgroup(ex: KernelExecutor) -> None:
+    parent = _pid(ex)
+    forks = ex.fork(n=3)
+    try:
+        assert len(forks) == 3
+        pids = [_pid(c) for c in forks]
+        assert len({parent, *pids}) == 4
+        for pid in pids:
+            assert os.getpgid(pid) == pid  # it leads its own group: killed with it
+            assert _cgroup(pid) != _cgroup(parent)
+        values = [c.execute("print(x)").output for c in forks]
+        assert values == ["41\n"] * 3
+    finally:
+        for c in forks:
+            c.close()
+    for pid in pids:
+        assert gone_within(pid), f"fork {pid} still runs after close()"
+
+
+def test_a_fork_of_a_fork_server_kernel(fx: KernelExecutor) -> None:
+    fx.execute("z = [1, 2, 3]")
+    child = fx.fork()
+    try:
+        assert child.execute("z.append(4); print(z)").output.strip() == "[1, 2, 3, 4]"
+        grandchild = child.fork()  # a fork forks too
+        try:
+            assert grandchild.execute("print(len(z))").output.strip() == "4"
+        finally:
+            grandchild.close()
+        assert fx.execute("print(z)").output.strip() == "[1, 2, 3]"
+    finally:
+        child.close()
+
+
+def test_fork_while_a_block_runs_is_refused(ex: KernelExecutor) -> None:
+    results = []
+    block = "import time\ntime.sleep(2)\nprint('done')"
+    runner = threading.Thread(target=lambda: results.append(ex.execute(block)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not ex.aio._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(SessionBusy, match="block is running"):
+            ex.fork()
+        with pytest.raises(SessionBusy):
+            ex.snapshot()
+    finally:
+        runner.join()
+    assert results[0].output.strip() == "done"  # the block was not disturbed
+
+
+def test_a_failed_fork_leaves_nothing_and_the_parent_carries_on(fx: KernelExecutor) -> None:
+    """The kernel's fork fails (as with no memory left: ENOMEM): a clear error, no folder, no
+    cgroup, no process left, the session as it was. (os.fork is replaced inside the kernel:
+    a real out-of-memory fork cannot be caused reliably on a shared machine.)"""
+    fx.execute(
+        "import os, errno\nkept = 7\n_real_fork = os.fork\n"
+        "def _no_memory(): raise OSError(errno.ENOMEM, 'Cannot allocate memory')\n"
+        "os.fork = _no_memory"
+    )
+    cgroups = set(our_cgroups())
+    folders = set(Path("/tmp").glob("kernelexec-fork-*"))
+    try:
+        with pytest.raises(KernelStartFailed, match=r"could not fork.*Cannot allocate memory"):
+            fx.fork()
+        assert set(our_cgroups()) == cgroups
+        assert set(Path("/tmp").glob("kernelexec-fork-*")) <= folders
+    finally:
+        fx.execute("os.fork = _real_fork")
+    assert fx.execute("print(kept)").output.strip() == "7"
+
+
+def test_nothing_is_left_running_after_close(tmp_path: Path) -> None:
+    """A fork's block starts a process in a new session; closing parent and fork ends all,
+    and removes every cgroup they made."""
+    before = set(our_cgroups())
+    parent = make_executor("fork-kernel", work_dir=tmp_path, timeout=60)
+    assert isinstance(parent, KernelExecutor)
+    parent.execute("x = 1")
+    child = parent.fork()
+    snap = parent.snapshot()
+    pids = [_pid(parent), _pid(child), snap.aio._holder.backend.pid]
+    escaped = child.execute(
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True)\nprint(p.pid)"
+    )
+    pids.append(int(escaped.output))
+    parent.close()  # its snapshot goes with it; the fork does not
+    assert running(pids[1]) and running(pids[3])
+    assert child.execute("print(x)").output.strip() == "1"
+    child.close()
+    for pid in pids:
+        assert gone_within(pid), f"{pid} still runs"
+    assert set(our_cgroups()) <= before
+
+
+def test_snapshot_restore_release(ex: KernelExecutor) -> None:
+    ex.execute("counter = 1\nopen('state.txt', 'w').write('one')")
+    snap = ex.snapshot()
+    assert not snap.released
+    ex.execute("counter = 2\nopen('state.txt', 'w').write('two')\nopen('new.txt', 'w').close()")
+    ex.restore(snap)
+    assert ex.execute("print(counter, x)").output.split() == ["1", "41"]
+    assert (ex.work_dir / "state.txt").read_text() == "one"
+    assert not (ex.work_dir / "new.txt").exists()
+    assert ex.execute("import os; print(os.getcwd())").output.strip() == str(ex.work_dir)
+    ex.execute("counter = 3")
+    ex.restore(snap)  # a snapshot restores as often as asked
+    assert ex.execute("print(counter)").output.strip() == "1"
+    snap.release()
+    snap.release()  # twice is fine
+    assert snap.released
+    with pytest.raises(SnapshotError, match="released"):
+        ex.restore(snap)
+    assert ex.execute("print(counter)").output.strip() == "1"
+
+
+def test_a_snapshot_of_another_session_is_refused(ex: KernelExecutor, fx: KernelExecutor) -> None:
+    fx.execute("secret = 1")
+    snap = fx.snapshot()
+    try:
+        with pytest.raises(SnapshotError, match="another session"):
+            ex.restore(snap)
+        with pytest.raises(SnapshotError, match="not a live snapshot"):
+            ex.restore("a path")  # type: ignore[arg-type]
+    finally:
+        snap.release()
+    assert ex.execute("secret").exit_code != 0
+
+
+def test_a_fork_restores_its_parents_snapshot(ex: KernelExecutor) -> None:
+    """Tree search: a snapshot of the root restores into any branch of it."""
+    ex.execute("level = 'root'")
+    snap = ex.snapshot()
+    child = ex.fork()
+    try:
+        child.execute("level = 'branch'")
+        child.restore(snap)
+        assert child.execute("print(level)").output.strip() == "root"
+    finally:
+        child.close()
+        snap.release()
+
+
+def test_back_ends_that_cannot_fork_say_so(tmp_path: Path) -> None:
+    """Refused before any kernel or container starts."""
+    for name in ("sandboxed-kernel", "docker-kernel"):
+        executor = make_executor(name, work_dir=tmp_path, timeout=60)
+        try:
+            with pytest.raises(ForkUnsupported, match="forks the kernel process"):
+                executor.fork()
+            with pytest.raises(ForkUnsupported):
+                executor.snapshot()
+        finally:
+            executor.close()
+
+
+def test_a_fork_restarts_into_a_fresh_kernel(ex: KernelExecutor) -> None:
+    child = ex.fork()
+    try:
+        child.restart()
+        assert child.execute("x").exit_code != 0  # state is lost, as with any restart
+        assert child.execute("print(1 + 1)").output.strip() == "2"
+    finally:
+        child.close()
