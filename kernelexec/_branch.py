@@ -17,11 +17,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-_T = TypeVar("_T")
-
 from ._door import Door
 from ._errors import InvalidPath, SnapshotError
 from ._workdir import INTERNAL_DIR
+
+_T = TypeVar("_T")
 
 _COPY_CHUNK = 1 << 20
 #: back ends whose kernel process kernelexec forks (``fork()``, live snapshots)
