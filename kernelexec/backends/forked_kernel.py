@@ -3,8 +3,9 @@
 ``AsyncKernelExecutor.fork()`` prepares a ``ForkedKernel`` (its private folder, connection file
 and cgroup), asks the running kernel to fork itself into it (``fork_request``: the source of
 ``_fork_child.py`` loaded by a silent request, run by its user expression), then starts the
-child's executor, whose back end adopts the forked process: from then on it is a kernel like a fork-server kernel (not the
-host's child; its own process group and cgroup, killed with them on ``close()``).
+child's executor, whose back end adopts the forked process: from then on it is a kernel like a
+fork-server kernel (not the host's child; its own process group and cgroup, killed with them on
+``close()``).
 
 A restart (asked for, or after the forked kernel died) cannot fork again from a state that is
 gone: it gives a fresh kernel from a fork server, as a restart of any kernel loses its state.
