@@ -16,6 +16,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ._branch import AsyncLiveSnapshot, LiveSnapshot
     from ._command import AsyncCommandLineExecutor, CommandLineExecutor
+    from ._durable import SnapshotManifest
     from ._errors import (
         BackendUnavailable,
         DangerousCommand,
@@ -146,6 +147,7 @@ _LAZY: dict[str, str] = {
     "SessionManager": ".pool",
     "SessionNotFound": "._errors",
     "SnapshotError": "._errors",
+    "SnapshotManifest": "._durable",
     "SessionOptions": ".pool",
     "SyncExecutor": "._executor",
     "UnknownExecutor": "._errors",
@@ -227,6 +229,7 @@ __all__ = [
     "SessionNotFound",
     "SessionOptions",
     "SnapshotError",
+    "SnapshotManifest",
     "SyncExecutor",
     "UnknownExecutor",
     "UnsafePath",

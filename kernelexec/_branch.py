@@ -37,7 +37,7 @@ def copy_work_dir(source: Door, dest: Door, *, replace: bool = False) -> int:
     own folder excluded); with ``replace``, what ``dest`` held is removed first. Links, FIFOs,
     sockets and devices are skipped (never followed). Returns the number of files copied."""
     if replace:
-        _empty(dest)
+        empty_work_dir(dest)
     copied = 0
     for rel, entry in source.walk(skip=_skip):
         try:
@@ -52,7 +52,7 @@ def copy_work_dir(source: Door, dest: Door, *, replace: bool = False) -> int:
     return copied
 
 
-def _empty(door: Door) -> None:
+def empty_work_dir(door: Door) -> None:
     """Everything in the work dir but kernelexec's own folder, removed without following a
     link (a link is removed as a link)."""
     root = door.root

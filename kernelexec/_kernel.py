@@ -8,21 +8,35 @@ until its ``idle`` status, so a kernel is never left busy to queue the next bloc
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import enum
 import inspect
+import json
 import logging
 import os
 import queue
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ._branch import FORKABLE, AsyncLiveSnapshot, LiveSnapshot, copy_work_dir, pause
+from ._branch import (
+    FORKABLE,
+    AsyncLiveSnapshot,
+    LiveSnapshot,
+    copy_work_dir,
+    empty_work_dir,
+    pause,
+)
 from ._budget import full_value
+from ._door import Door
+from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
 from ._errors import (
     ExecutionTimeout,
     ForkUnsupported,
@@ -37,6 +51,7 @@ from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
 from .backends.forked_kernel import ForkedKernel, fork_request
@@ -562,6 +577,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         # any of them, never into another session.
         self._lineage: object = object()
         self._snapshots: list[AsyncLiveSnapshot] = []
+        #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
+        self.restored: SnapshotManifest | None = None
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
@@ -680,11 +697,22 @@ class AsyncKernelExecutor(AsyncExecutor):
         async with self._branching("fork()"):
             return await self._forks(count, lineage=self._lineage)
 
-    async def snapshot(self) -> AsyncLiveSnapshot:
+    async def snapshot(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
         """A live snapshot: a paused forked copy of the kernel (milliseconds, copy-on-write)
         and a copy of the work dir. ``restore(snapshot)`` makes it current again (as often as
         asked); ``snapshot.release()`` frees it; closing the session releases it too. Its
-        pages count toward the machine's memory as the session's own do when written."""
+        pages count toward the machine's memory as the session's own do when written.
+
+        With ``path``: a durable snapshot, one file signed with ``key`` (see ``_durable``):
+        the namespace name by name, the imports, the work dir's files; its
+        ``SnapshotManifest`` is returned (which names could not be saved, and why)."""
+        if path is not None:
+            return await self._save_durable(Path(path), snapshot_key(key))
         async with self._branching("snapshot()"):
             (holder,) = await self._forks(1, lineage=self._lineage)
             try:
@@ -699,11 +727,22 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._snapshots.append(snapshot)
         return snapshot
 
-    async def restore(self, snapshot: AsyncLiveSnapshot) -> None:
+    async def restore(
+        self,
+        snapshot: AsyncLiveSnapshot | LiveSnapshot | str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
         """Make a live snapshot of this session (or of a fork of it) current: the kernel is
         replaced by a fresh fork of the snapshot (which stays as it was, for another restore)
         and the work dir's files by the snapshot's. Refused with ``SnapshotError`` for a
-        released snapshot or one of another session, ``SessionBusy`` while a block runs."""
+        released snapshot or one of another session, ``SessionBusy`` while a block runs.
+
+        A path: a durable snapshot, checked against ``key`` before anything in it is read,
+        loaded into a fresh kernel; returns its ``SnapshotManifest`` (each name restored or
+        not restorable, and why)."""
+        if isinstance(snapshot, (str, os.PathLike)):
+            return await self._restore_durable(Path(snapshot), snapshot_key(key))
         if isinstance(snapshot, LiveSnapshot):
             snapshot = snapshot.aio
         if not isinstance(snapshot, AsyncLiveSnapshot):
@@ -748,6 +787,106 @@ class AsyncKernelExecutor(AsyncExecutor):
             self._dead = None
             self._idle_since = asyncio.get_running_loop().time()
             await old.shutdown()
+
+    @classmethod
+    async def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> AsyncKernelExecutor:
+        """A new executor (built with ``options``) holding a durable snapshot's state; its
+        ``restored`` attribute is the snapshot's manifest, name by name."""
+        executor = cls(**options)
+        try:
+            executor.restored = await executor.restore(path, key=key)
+        except BaseException:
+            await executor.close()
+            raise
+        return executor
+
+    async def _save_durable(self, path: Path, key: bytes) -> SnapshotManifest:
+        async with self._durable_lock("snapshot(path=...)"):
+            folder = self._scratch()
+            try:
+                saved = await self._kernel_json(f"save({self._in_kernel(folder)!r})")
+                return await asyncio.to_thread(
+                    write,
+                    path,
+                    key,
+                    saved=saved,
+                    pickles=self._door,
+                    folder=folder,
+                    work=self._door,
+                    kind=self.backend.kind,
+                    kernel_name=getattr(self.backend, "kernel_name", None),
+                )
+            finally:
+                shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+
+    async def _restore_durable(self, path: Path, key: bytes) -> SnapshotManifest:
+        verified = await asyncio.to_thread(Verified, path, key)
+        try:
+            async with self._durable_lock("restore()"):
+                fresh = not self._started
+                await self._check_python(verified.manifest["python"], path)
+                if not fresh:
+                    await self._replace_kernel()  # a fresh kernel, as a resume gets
+                folder = self._scratch()
+                try:
+                    await asyncio.to_thread(_unpack, verified, self._door, folder)
+                    names = json.dumps(verified.manifest["names"])
+                    call = f"load({self._in_kernel(folder)!r}, {names!r})"
+                    fates = await self._kernel_json(call)
+                finally:
+                    shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                return verified.result(path, fates)
+        finally:
+            verified.close()
+
+    @contextlib.asynccontextmanager
+    async def _durable_lock(self, what: str) -> Any:
+        self._check_open()
+        if self._lock.locked():
+            raise SessionBusy(
+                f"a block is running in this session: {what} is refused while it runs"
+            )
+        async with self._lock:
+            self._check_open()
+            await self._ensure_started()
+            yield
+
+    def _scratch(self) -> str:
+        """A fresh folder under kernelexec's own folder of the work dir (relative path)."""
+        folder = f"{INTERNAL_DIR}/snapshot-{uuid.uuid4().hex[:12]}"
+        self._door.makedirs(folder)
+        return folder
+
+    def _in_kernel(self, rel: str) -> str:
+        return f"{self.backend.workspace or self.work_dir}/{rel}"
+
+    async def _kernel_json(self, call: str) -> Any:
+        cell, expression = kernel_call(call)
+        try:
+            reply = await self._quiet_request(cell, {"r": expression}, self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise ExecutionTimeout(f"the kernel did not answer within {self.timeout} s") from exc
+        value = (reply.get("user_expressions") or {}).get("r") or {}
+        if reply.get("status") != "ok" or value.get("status") != "ok":
+            failed = reply if reply.get("status") != "ok" else value
+            raise SnapshotError(
+                f"the kernel could not do it: {failed.get('ename')}: {failed.get('evalue')}"
+            )
+        return json.loads(ast.literal_eval(str(full_value(value["data"]["text/plain"]))))
+
+    async def _check_python(self, written: list[int], path: Path) -> None:
+        running = await self._kernel_json("version()")
+        if list(written[:2]) != list(running[:2]):
+            raise SnapshotError(
+                f"{path} was written by Python {written[0]}.{written[1]}; this kernel runs"
+                f" {running[0]}.{running[1]}: pickles do not carry across versions"
+            )
 
     @contextlib.asynccontextmanager
     async def _branching(self, what: str) -> Any:
@@ -1028,6 +1167,21 @@ class AsyncKernelExecutor(AsyncExecutor):
         else:
             self._dead = "exit() was called"
         return result.with_changes(output=_append(result.output, note), state_lost=True)
+
+
+def _unpack(verified: Verified, door: Door, folder: str) -> None:
+    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
+    empty_work_dir(door)
+    for info in verified.archive.infolist():
+        name = info.filename
+        if name.startswith("work/") and not info.is_dir():
+            target = name[len("work/") :]
+        elif name.startswith("ns/"):
+            target = f"{folder}/{name[len('ns/') :]}"
+        else:
+            continue
+        with verified.archive.open(info) as src, door.replacing(target) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def _pid_of(executor: AsyncKernelExecutor) -> int | None:
@@ -1317,6 +1471,9 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     '42'
     """
 
+    #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
+    restored: SnapshotManifest | None = None
+
     @property
     def backend(self) -> KernelBackend:
         return self.aio.backend
@@ -1341,13 +1498,45 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
             raise
         return fronts[0] if n is None else fronts
 
-    def snapshot(self) -> LiveSnapshot:
-        """A live snapshot (a paused forked copy); see ``AsyncKernelExecutor.snapshot``."""
+    def snapshot(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """A live snapshot (a paused forked copy), or with ``path`` a durable one (a signed
+        file; its manifest is returned); see ``AsyncKernelExecutor.snapshot``."""
+        if path is not None:
+            return self._call(self._core.snapshot, path, key=key)
         return LiveSnapshot(self._call(self._core.snapshot), self._call)
 
-    def restore(self, snapshot: LiveSnapshot | AsyncLiveSnapshot) -> None:
-        """Make a live snapshot current again; see ``AsyncKernelExecutor.restore``."""
-        self._call(self._core.restore, snapshot)
+    def restore(
+        self,
+        snapshot: LiveSnapshot | AsyncLiveSnapshot | str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """Make a live snapshot current again, or load a durable one (a path) into a fresh
+        kernel, returning its manifest; see ``AsyncKernelExecutor.restore``."""
+        return self._call(self._core.restore, snapshot, key=key)
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> KernelExecutor:
+        """A new executor (built with ``options``) holding a durable snapshot's state; its
+        ``restored`` attribute is the snapshot's manifest, name by name."""
+        executor = cls(**options)
+        try:
+            executor.restored = executor.restore(path, key=key)
+        except BaseException:
+            executor.close()
+            raise
+        return executor
 
     def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
         """What the kernel would complete at ``cursor_pos`` (default: the end of ``code``)."""
