@@ -16,6 +16,7 @@ import pytest
 from kx_containment import gone_within, our_cgroups, running
 
 from kernelexec import (
+    ForkKernel,
     ForkUnsupported,
     KernelExecutor,
     KernelStartFailed,
@@ -136,6 +137,8 @@ def test_fork_while_a_block_runs_is_refused(ex: KernelExecutor) -> None:
             ex.fork()
         with pytest.raises(SessionBusy):
             ex.snapshot()
+        with pytest.raises(SessionBusy):
+            ex.snapshot(Path("never-written.kx"), key=b"k" * 32)
     finally:
         runner.join()
     assert results[0].output.strip() == "done"  # the block was not disturbed
@@ -215,7 +218,9 @@ def test_a_snapshot_of_another_session_is_refused(ex: KernelExecutor, fx: Kernel
         with pytest.raises(SnapshotError, match="another session"):
             ex.restore(snap)
         with pytest.raises(SnapshotError, match="not a live snapshot"):
-            ex.restore("a path")  # type: ignore[arg-type]
+            ex.restore(42)  # type: ignore[arg-type]
+        with pytest.raises(SnapshotError, match="cannot read the snapshot"):
+            ex.restore("no such file.kx", key=KEY)
     finally:
         snap.release()
     assert ex.execute("secret").exit_code != 0
@@ -256,3 +261,107 @@ def test_a_fork_restarts_into_a_fresh_kernel(ex: KernelExecutor) -> None:
         assert child.execute("print(1 + 1)").output.strip() == "2"
     finally:
         child.close()
+
+
+# -- durable snapshots ---------------------------------------------------------------------------
+KEY = b"k" * 32
+
+
+@pytest.fixture(scope="module")
+def saved(ex: KernelExecutor, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A durable snapshot of a session holding what pickles and what cannot."""
+    ex.execute(
+        "import json as j\nkept = {'a': [1, 2]}\nclass Model:\n    k = 3\n"
+        "def double(v): return v * 2\ngen = (i for i in range(3))\n"
+        "import threading\nguard = threading.Lock()\nopen('notes.txt', 'w').write('saved')"
+    )
+    path = tmp_path_factory.mktemp("durable") / "session.kx"
+    manifest = ex.snapshot(path, key=KEY)
+    assert manifest.names["kept"] == "saved"
+    assert manifest.imports["j"] == "json"
+    return path
+
+
+def test_a_durable_snapshot_resumes_in_a_fresh_kernel(saved: Path, tmp_path: Path) -> None:
+    resumed = KernelExecutor.resume(
+        saved, key=KEY, backend=ForkKernel(), work_dir=tmp_path, timeout=60
+    )
+    try:
+        out = resumed.execute(
+            "print(kept['a'], Model.k, double(4), j.dumps(1), x, open('notes.txt').read())"
+        )
+        assert out.output.split() == ["[1,", "2]", "3", "8", "1", "41", "saved"], out.output
+        manifest = resumed.restored
+        assert manifest is not None and manifest.names["double"] == "restored"
+        why = manifest.not_restorable
+        assert "generator" in why["gen"] and "lock" in why["guard"]  # nothing silently missing
+        assert resumed.execute("gen").exit_code != 0
+    finally:
+        resumed.close()
+
+
+def _resign(path: Path, out: Path, change: dict[str, object]) -> None:
+    """A copy of the snapshot with its manifest changed, signed again with the right key."""
+    import hashlib
+    import hmac
+    import io
+    import json
+    import zipfile
+
+    data = path.read_bytes()
+    body = io.BytesIO(data[40:])
+    fresh = io.BytesIO()
+    with zipfile.ZipFile(body) as src, zipfile.ZipFile(fresh, "w") as dst:
+        for info in src.infolist():
+            content = src.read(info)
+            if info.filename == "manifest.json":
+                content = json.dumps({**json.loads(content), **change}).encode()
+            dst.writestr(info, content)
+    signed = fresh.getvalue()
+    out.write_bytes(data[:8] + hmac.new(KEY, signed, hashlib.sha256).digest() + signed)
+
+
+def test_a_bad_snapshot_file_is_refused_before_anything_is_read(
+    saved: Path, tmp_path: Path
+) -> None:
+    data = saved.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 1
+    cases = {
+        "truncated": data[: len(data) - 7],
+        "tampered": bytes(flipped),
+        "unsigned": b"KXSNAP1\n" + bytes(32) + data[40:],
+        "not a snapshot": b"print('hello')\n",
+    }
+    for name, content in cases.items():
+        bad = tmp_path / f"{name.replace(' ', '-')}.kx"
+        bad.write_bytes(content)
+        with pytest.raises(SnapshotError, match=r"signature does not match|not a kernelexec"):
+            KernelExecutor.resume(bad, key=KEY, backend=ForkKernel(), timeout=60)
+    with pytest.raises(SnapshotError, match="signature does not match"):
+        KernelExecutor.resume(saved, key=b"another key, 16+ bytes", backend=ForkKernel())
+    other = tmp_path / "other-python.kx"
+    _resign(saved, other, {"python": [3, 99, 0]})
+    with pytest.raises(SnapshotError, match=r"written by Python 3\.99"):
+        KernelExecutor.resume(other, key=KEY, backend=ForkKernel(), timeout=60)
+
+
+def test_restore_of_a_durable_snapshot_replaces_the_session(
+    saved: Path, fx: KernelExecutor
+) -> None:
+    fx.execute("only_here = 1")
+    manifest = fx.restore(saved, key=KEY)
+    assert manifest.names["kept"] == "restored"
+    assert fx.execute("only_here").exit_code != 0  # a fresh kernel, then the snapshot
+    assert fx.execute("print(double(kept['a'][1]))").output.strip() == "4"
+
+
+def test_the_default_key_file_is_made_private(
+    ex: KernelExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "keys" / "snapshot.key"
+    monkeypatch.setenv("KERNELEXEC_SNAPSHOT_KEY", str(key_file))
+    ex.snapshot(tmp_path / "s.kx")
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
+    with pytest.raises(SnapshotError, match="signature does not match"):
+        ex.restore(tmp_path / "s.kx", key=KEY)  # another key than the one it was signed with
