@@ -94,6 +94,8 @@ class AsyncLiveSnapshot:
         self.kind = kind
         #: when it was taken (``time.time()``)
         self.taken_at = time.time()
+        #: what it is, in a result's words (``recovered_from``)
+        self.label = "live snapshot"
         self._release = release
         self._released = False
         # The paused copy's kernel client lives on the loop it was taken on (the session's):

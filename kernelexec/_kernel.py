@@ -550,11 +550,23 @@ class AsyncKernelExecutor(AsyncExecutor):
         restart_on_death: bool = True,
         interrupt_grace: float = 3.0,
         startup_timeout: float = 60.0,
+        checkpoint: str | None = None,
         **options: Any,
     ) -> None:
         if backend is not None and python is not None:
             raise ValueError("give either backend= or python=, not both")
+        if checkpoint not in (None, "block"):
+            raise ValueError(f"checkpoint is None or 'block', not {checkpoint!r}")
         self.backend = backend or LocalKernel(kernel_name=kernel_name, python=python)
+        if checkpoint is not None and self.backend.kind not in FORKABLE:
+            raise ForkUnsupported(
+                f"checkpoint='block' keeps a forked copy of the kernel, which a"
+                f" {self.backend.kind} back end does not allow"
+            )
+        #: ``"block"``: a live snapshot is kept after each successful block, so a block that
+        #: kills its kernel costs only itself (see ``_died``)
+        self.checkpoint = checkpoint
+        self._checkpoint: AsyncLiveSnapshot | None = None
         super().__init__(**options)
         self.input_callback = input
         self.restart_on_death = restart_on_death
@@ -662,10 +674,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._idle_since = asyncio.get_running_loop().time()
 
     async def _restart(self) -> None:
+        await self._drop_checkpoint()  # a fresh kernel: the old state is not to come back
         await self._replace_kernel()
 
     async def _close(self) -> None:
         # The session's live snapshots are paused kernels of its own: they go with it.
+        await self._drop_checkpoint()
         snapshots, self._snapshots = self._snapshots, []
         for snapshot in snapshots:
             with contextlib.suppress(Exception):
@@ -754,39 +768,70 @@ class AsyncKernelExecutor(AsyncExecutor):
                 "this snapshot was taken from another session: restore it there (or into a"
                 " fork of that session)"
             )
-        async with self._branching("restore()"):
-            holder: AsyncKernelExecutor = snapshot._holder
-            backend = self._forked_backend()
-            backend.run_at_start(_SETUP_CODE)
-            request = backend.prepare(work_dir=self.work_dir)
+        async with self._branching("restore()", live=False):
+            await self._restore_live(snapshot)
 
-            async def fork_holder() -> int:
-                pause(_pid_of(holder), paused=False)
-                try:
-                    async with holder._lock:
-                        return await holder._fork_process(request)
-                finally:
-                    pause(_pid_of(holder), paused=True)
+    async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
+        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
+        holder: AsyncKernelExecutor = snapshot._holder
+        backend = self._forked_backend()
+        backend.run_at_start(_SETUP_CODE)
+        request = backend.prepare(work_dir=self.work_dir)
 
+        async def fork_holder() -> int:
+            pause(_pid_of(holder), paused=False)
             try:
-                pid = await snapshot.at_home(fork_holder)
-            except BaseException:
-                await backend.shutdown()  # its folder and cgroup, prepared for nothing
-                raise
-            backend.adopted(pid)
-            await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
-            old, self.backend = self.backend, backend
+                async with holder._lock:
+                    return await holder._fork_process(request)
+            finally:
+                pause(_pid_of(holder), paused=True)
+
+        try:
+            pid = await snapshot.at_home(fork_holder)
+        except BaseException:
+            await backend.shutdown()  # its folder and cgroup, prepared for nothing
+            raise
+        backend.adopted(pid)
+        await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
+        old, self.backend = self.backend, backend
+        try:
+            await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
+        except BaseException:
+            self.backend = old  # the session keeps the kernel it had
+            await backend.shutdown()
+            raise
+        self._dead = None
+        self._idle_since = asyncio.get_running_loop().time()
+        await old.shutdown()
+
+    async def _take_checkpoint(self, block: PreparedBlock) -> None:
+        """``checkpoint="block"``: a live snapshot after a successful block, in place of the
+        last one. One that cannot be taken (no memory to fork) leaves the last one, said in
+        the log: the block's result is not changed by it."""
+        try:
+            (holder,) = await self._forks(1, lineage=self._lineage)
             try:
-                await backend.start(
-                    work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout
-                )
+                await holder.start()
             except BaseException:
-                self.backend = old  # the session keeps the kernel it had
-                await backend.shutdown()
+                await holder.close()
                 raise
-            self._dead = None
-            self._idle_since = asyncio.get_running_loop().time()
-            await old.shutdown()
+        except Exception as exc:
+            _log.warning("no checkpoint after block %s: %s", block.index, exc)
+            return
+        pause(_pid_of(holder), paused=True)
+        snapshot = AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
+        snapshot.label = f"checkpoint after block {block.index}"
+        old, self._checkpoint = self._checkpoint, snapshot
+        if old is not None:
+            await old.release()
+
+    async def _drop_checkpoint(self) -> None:
+        old, self._checkpoint = self._checkpoint, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.release()
 
     @classmethod
     async def resume(
@@ -889,9 +934,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             )
 
     @contextlib.asynccontextmanager
-    async def _branching(self, what: str) -> Any:
+    async def _branching(self, what: str, *, live: bool = True) -> Any:
         """The session's lock for a fork, snapshot or restore: refused at once (not queued)
-        while a block runs, and only for a back end whose kernel process can be forked."""
+        while a block runs, and only for a back end whose kernel process can be forked;
+        ``live``: the kernel must be alive (not for a restore, which replaces it)."""
         self._check_open()
         if self.backend.kind not in FORKABLE:
             raise ForkUnsupported(
@@ -906,7 +952,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         async with self._lock:
             self._check_open()
             await self._ensure_started()
-            if self._dead is not None:
+            if live and self._dead is not None:
                 raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
             yield
 
@@ -991,6 +1037,8 @@ class AsyncKernelExecutor(AsyncExecutor):
             if _aborted(run)
             else await self._conclude(block, collector, run, timeout)
         )
+        if self.checkpoint == "block" and result.ok and not result.kernel_died:
+            await self._take_checkpoint(block)
         self._idle_since = asyncio.get_running_loop().time()
         return result
 
@@ -1142,6 +1190,21 @@ class AsyncKernelExecutor(AsyncExecutor):
             )
         else:
             note = f"The kernel died while running this block ({reason})."
+        recovered = await self._recover()
+        if recovered is not None:
+            note += (
+                f" The session continues from the {recovered}: only this block's effects were lost."
+            )
+            error = ErrorInfo(ename="KernelDied", evalue=note)
+            return result.with_changes(
+                exit_code=EXIT_ERROR,
+                output=_append(result.output, note),
+                error=error,
+                outputs=[*result.outputs, _error_output(error)],
+                kernel_died=True,
+                state_lost=False,
+                recovered_from=recovered,
+            )
         if self.restart_on_death:
             await self._replace_kernel()
             note += " It was restarted: all variables and imports were lost."
@@ -1157,6 +1220,18 @@ class AsyncKernelExecutor(AsyncExecutor):
             kernel_died=True,
             state_lost=self.restart_on_death,
         )
+
+    async def _recover(self) -> str | None:
+        """With a checkpoint: the kernel replaced by a fork of it; its label, or None."""
+        snapshot = self._checkpoint
+        if snapshot is None or snapshot.released:
+            return None
+        try:
+            await self._restore_live(snapshot)
+        except Exception as exc:
+            _log.warning("the checkpoint could not be restored: %s", exc)
+            return None
+        return snapshot.label
 
     async def _exited(self, result: ExecutionResult) -> ExecutionResult:
         """``exit()`` / ``quit()``: the kernel would stop right after; replace it now."""

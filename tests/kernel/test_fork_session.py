@@ -365,3 +365,26 @@ def test_the_default_key_file_is_made_private(
     assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
     with pytest.raises(SnapshotError, match="signature does not match"):
         ex.restore(tmp_path / "s.kx", key=KEY)  # another key than the one it was signed with
+
+
+# -- checkpoint="block" --------------------------------------------------------------------------
+def test_a_block_that_kills_its_kernel_costs_only_itself(tmp_path: Path) -> None:
+    with KernelExecutor(
+        backend=ForkKernel(), work_dir=tmp_path, timeout=60, checkpoint="block"
+    ) as ex:
+        assert ex.execute("x = 1\nopen('f.txt', 'w').write('kept')").ok
+        died = ex.execute("x = 5\nopen('f.txt', 'w').write('lost')\nimport os\nos._exit(3)")
+        assert died.kernel_died and not died.state_lost
+        assert died.recovered_from == "checkpoint after block 1"
+        assert "only this block's effects were lost" in died.output
+        assert ex.execute("print(x, open('f.txt').read())").output.split() == ["1", "kept"]
+        crashed = ex.execute("import ctypes\nctypes.string_at(0)")  # a segfault
+        assert crashed.kernel_died and crashed.recovered_from is not None
+        assert ex.execute("print(x)").output.strip() == "1"
+
+
+def test_checkpoint_needs_a_back_end_that_forks() -> None:
+    with pytest.raises(ValueError, match="checkpoint"):
+        KernelExecutor(checkpoint="always")
+    with pytest.raises(ForkUnsupported):
+        make_executor("docker-kernel", checkpoint="block")
