@@ -77,6 +77,23 @@ def test_a_fork_holds_the_state_and_the_two_diverge(ex: KernelExecutor) -> None:
     assert ex.execute("print(x + 1)").output.strip() == "42"  # the parent carries on
 
 
+def test_a_fork_captures_output_and_keeps_state_on_interrupt(ex: KernelExecutor) -> None:
+    """The child's own output capture (fd 1, a subprocess) and its own interrupt handling."""
+    child = ex.fork()
+    try:
+        out = child.execute(
+            "import os, subprocess\nos.write(1, b'fd-level\\n')\n"
+            "_ = subprocess.run(['echo', 'from a subprocess'])"
+        ).output
+        assert out.split("\n")[:2] == ["fd-level", "from a subprocess"]
+        stuck = child.execute("import time\nx = 2\ntime.sleep(60)", timeout=2)
+        assert stuck.timed_out
+        assert child.execute("print(x)").output.strip() == "2"
+    finally:
+        child.close()
+    assert ex.execute("print(x)").output.strip() == "41"
+
+
 def test_the_parent_is_undisturbed(ex: KernelExecutor) -> None:
     """No name, history entry, execution count or output of the fork in the parent."""
     probe = "print(len(In), sorted(k for k in globals() if 'kx' in k))"
