@@ -24,6 +24,9 @@ TOOLS = {
     "upload_file",
     "read_file",
     "list_files",
+    "fork_session",
+    "snapshot",
+    "restore",
 }
 
 
