@@ -964,23 +964,23 @@ class AsyncKernelExecutor(AsyncExecutor):
         children: list[AsyncKernelExecutor] = []
         try:
             for _ in range(count):
-                child = self._child()
+                backend = self._forked_backend()
+                child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
                 await asyncio.to_thread(copy_work_dir, self._door, child._door)
-                request = child.backend.prepare(work_dir=child.work_dir)  # type: ignore[attr-defined]
-                pid = await self._fork_process(request)
-                child.backend.adopted(pid)  # type: ignore[attr-defined]
+                request = backend.prepare(work_dir=child.work_dir)
+                backend.adopted(await self._fork_process(request))
         except BaseException:
             await _close_all(children)
             raise
         return children
 
-    def _child(self) -> AsyncKernelExecutor:
+    def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         return type(self)(
-            self._forked_backend(),
+            backend,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
