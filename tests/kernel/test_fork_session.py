@@ -7,6 +7,7 @@ A live snapshot is a paused fork, restored by forking it again into the session.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,21 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
 
 def _pid(executor: KernelExecutor) -> int:
     return int(executor.execute("import os; os.getpid()").output)
+
+
+def _our_fork_folders() -> set[Path]:
+    """The fork folders this test process made (other xdist workers make theirs meanwhile)."""
+    from kernelexec.backends._owner import OWNER_FILE, Owner
+
+    found = set()
+    for folder in Path(tempfile.gettempdir()).glob("kernelexec-fork-*"):
+        try:
+            owner = Owner.from_text((folder / OWNER_FILE).read_text())
+        except OSError:
+            continue
+        if owner is not None and owner.pid == os.getpid():
+            found.add(folder)
+    return found
 
 
 def _cgroup(pid: int) -> str:
@@ -171,12 +187,12 @@ def test_a_failed_fork_leaves_nothing_and_the_parent_carries_on(fx: KernelExecut
         "os.fork = _no_memory"
     )
     cgroups = set(our_cgroups())
-    folders = set(Path("/tmp").glob("kernelexec-fork-*"))
+    folders = _our_fork_folders()
     try:
         with pytest.raises(KernelStartFailed, match=r"could not fork.*Cannot allocate memory"):
             fx.fork()
         assert set(our_cgroups()) == cgroups
-        assert set(Path("/tmp").glob("kernelexec-fork-*")) <= folders
+        assert _our_fork_folders() <= folders
     finally:
         fx.execute("os.fork = _real_fork")
     assert fx.execute("print(kept)").output.strip() == "7"
