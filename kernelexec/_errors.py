@@ -11,6 +11,7 @@ callers can catch broadly::
     │   │                               a bind_dir missing on the host, a container_name in use,
     │   │                               a runtime the engine does not know
     │   ├── ImageNotFound               the kernel image is not built
+    │   ├── ForkUnsupported             a back end that cannot fork its kernel process
     │   └── GatewayUnavailable          a remote gateway is down or failing
     │       └── GatewayAuthError            wrong or missing token
     ├── KernelStartFailed           + RuntimeError
@@ -18,6 +19,10 @@ callers can catch broadly::
     ├── RequestAborted              + RuntimeError   (the kernel refused kernelexec's own request
     │                                                twice: a file transfer, say)
     ├── ExecutorClosed              + RuntimeError
+    ├── SessionBusy                 + RuntimeError   (fork / snapshot / restore while a block
+    │                                                runs: refused, never queued)
+    ├── SnapshotError               + ValueError     (restore of a released snapshot, or of one
+    │                                                taken from another session)
     ├── ExecutorNotStarted          + RuntimeError, ValueError  (an adapter used before start(),
     │                                                where its peer refuses: autogen-ext)
     ├── ReentrantCall               + RuntimeError   (a sync front called from its own loop thread)
@@ -76,6 +81,11 @@ class ImageNotFound(BackendUnavailable):
     """The container image is not present locally."""
 
 
+class ForkUnsupported(BackendUnavailable):
+    """This back end cannot fork its kernel process (a sandboxed, container, gateway or
+    provisioned kernel): ``fork()`` and live snapshots are for local and fork-server kernels."""
+
+
 class GatewayUnavailable(BackendUnavailable):
     """A Kernel Gateway / Enterprise Gateway / Jupyter Server is down or answers with errors."""
 
@@ -101,6 +111,15 @@ class RequestAborted(KernelExecError, RuntimeError):
 
 class ExecutorClosed(KernelExecError, RuntimeError):
     """The executor was used after ``close()``."""
+
+
+class SessionBusy(KernelExecError, RuntimeError):
+    """``fork()``, ``snapshot()`` or ``restore()`` while a block runs in the session: refused at
+    once (a block's half-done state is no state to branch from); call it after the block ends."""
+
+
+class SnapshotError(KernelExecError, ValueError):
+    """A snapshot that cannot be restored here: released, or taken from another session."""
 
 
 class ExecutorNotStarted(KernelExecError, RuntimeError, ValueError):

@@ -8,33 +8,53 @@ until its ``idle`` status, so a kernel is never left busy to queue the next bloc
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import enum
 import inspect
+import json
 import logging
 import os
 import queue
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ._branch import (
+    FORKABLE,
+    AsyncLiveSnapshot,
+    LiveSnapshot,
+    copy_work_dir,
+    empty_work_dir,
+    pause,
+)
 from ._budget import full_value
+from ._door import Door
+from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
 from ._errors import (
     ExecutionTimeout,
+    ForkUnsupported,
     KernelDied,
     KernelExecError,
     KernelStartFailed,
     RequestAborted,
+    SessionBusy,
+    SnapshotError,
 )
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
 from ._files import FileStore, KernelFiles
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
+from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
+from .backends.forked_kernel import ForkedKernel, fork_request
 from .backends.local_kernel import LocalKernel
 
 _log = logging.getLogger("kernelexec")
@@ -530,11 +550,23 @@ class AsyncKernelExecutor(AsyncExecutor):
         restart_on_death: bool = True,
         interrupt_grace: float = 3.0,
         startup_timeout: float = 60.0,
+        checkpoint: str | None = None,
         **options: Any,
     ) -> None:
         if backend is not None and python is not None:
             raise ValueError("give either backend= or python=, not both")
+        if checkpoint not in (None, "block"):
+            raise ValueError(f"checkpoint is None or 'block', not {checkpoint!r}")
         self.backend = backend or LocalKernel(kernel_name=kernel_name, python=python)
+        if checkpoint is not None and self.backend.kind not in FORKABLE:
+            raise ForkUnsupported(
+                f"checkpoint='block' keeps a forked copy of the kernel, which a"
+                f" {self.backend.kind} back end does not allow"
+            )
+        #: ``"block"``: a live snapshot is kept after each successful block, so a block that
+        #: kills its kernel costs only itself (see ``_died``)
+        self.checkpoint = checkpoint
+        self._checkpoint: AsyncLiveSnapshot | None = None
         super().__init__(**options)
         self.input_callback = input
         self.restart_on_death = restart_on_death
@@ -553,6 +585,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
+        # Forks of a session and their snapshots share its lineage: a snapshot restores into
+        # any of them, never into another session.
+        self._lineage: object = object()
+        self._snapshots: list[AsyncLiveSnapshot] = []
+        #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
+        self.restored: SnapshotManifest | None = None
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
@@ -619,7 +657,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         if not self.closed and os.getpid() == self._owner:
             await self._end_jobs()
         await self._stop_running_block()
+        started = self._started
         await super().close()
+        if not started and isinstance(self.backend, ForkedKernel):
+            await self.backend.shutdown()  # a fork never started: its forked process goes
 
     async def _stop_running_block(self) -> None:
         # Only once the kernel is up: SIGINT to a kernel still starting could end it.
@@ -636,10 +677,344 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._idle_since = asyncio.get_running_loop().time()
 
     async def _restart(self) -> None:
+        await self._drop_checkpoint()  # a fresh kernel: the old state is not to come back
         await self._replace_kernel()
 
     async def _close(self) -> None:
+        # The session's live snapshots are paused kernels of its own: they go with it.
+        await self._drop_checkpoint()
+        snapshots, self._snapshots = self._snapshots, []
+        for snapshot in snapshots:
+            with contextlib.suppress(Exception):
+                await snapshot.release()
         await self.backend.shutdown()
+
+    # -- fork and live snapshots -------------------------------------------------------------
+    async def fork(self, n: int | None = None) -> Any:
+        """A new executor whose kernel holds this one's state (every variable, import, figure)
+        and whose work dir is a copy of this one's; the two then diverge. ``fork(n=3)``: a
+        list of three. The kernel process is forked copy-on-write (local and fork-server
+        kernels; ``ForkUnsupported`` elsewhere); this session is undisturbed. Refused with
+        ``SessionBusy`` while a block runs. Each fork is closed on its own."""
+        count = 1 if n is None else n
+        children = await self._forked(count)
+        try:
+            for child in children:
+                await child.start()
+        except BaseException:
+            await _close_all(children)
+            raise
+        return children[0] if n is None else children
+
+    async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
+        """``count`` forks, their kernels forked and not yet connected to: each is started on
+        the event loop that will drive it (the sync twin gives each its own)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
+        async with self._branching("fork()"):
+            return await self._forks(count, lineage=self._lineage)
+
+    async def snapshot(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """A live snapshot: a paused forked copy of the kernel (milliseconds, copy-on-write)
+        and a copy of the work dir. ``restore(snapshot)`` makes it current again (as often as
+        asked); ``snapshot.release()`` frees it; closing the session releases it too. Its
+        pages count toward the machine's memory as the session's own do when written.
+
+        With ``path``: a durable snapshot, one file signed with ``key`` (see ``_durable``):
+        the namespace name by name, the imports, the work dir's files; its
+        ``SnapshotManifest`` is returned (which names could not be saved, and why)."""
+        if path is not None:
+            return await self._save_durable(Path(path), snapshot_key(key))
+        async with self._branching("snapshot()"):
+            (holder,) = await self._forks(1, lineage=self._lineage)
+            try:
+                await holder.start()
+            except BaseException:
+                await holder.close()
+                raise
+            pause(_pid_of(holder), paused=True)
+        snapshot = AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
+        self._snapshots.append(snapshot)
+        return snapshot
+
+    async def restore(
+        self,
+        snapshot: AsyncLiveSnapshot | LiveSnapshot | str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """Make a live snapshot of this session (or of a fork of it) current: the kernel is
+        replaced by a fresh fork of the snapshot (which stays as it was, for another restore)
+        and the work dir's files by the snapshot's. Refused with ``SnapshotError`` for a
+        released snapshot or one of another session, ``SessionBusy`` while a block runs.
+
+        A path: a durable snapshot, checked against ``key`` before anything in it is read,
+        loaded into a fresh kernel; returns its ``SnapshotManifest`` (each name restored or
+        not restorable, and why)."""
+        if isinstance(snapshot, (str, os.PathLike)):
+            return await self._restore_durable(Path(snapshot), snapshot_key(key))
+        if isinstance(snapshot, LiveSnapshot):
+            snapshot = snapshot.aio
+        if not isinstance(snapshot, AsyncLiveSnapshot):
+            raise SnapshotError(f"not a live snapshot: {snapshot!r}")
+        if snapshot.released:
+            raise SnapshotError("this snapshot was released: it can no longer be restored")
+        if snapshot._lineage is not self._lineage:
+            raise SnapshotError(
+                "this snapshot was taken from another session: restore it there (or into a"
+                " fork of that session)"
+            )
+        async with self._branching("restore()", live=False):
+            await self._restore_live(snapshot)
+
+    async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
+        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
+        holder: AsyncKernelExecutor = snapshot._holder
+        backend = self._forked_backend()
+        backend.run_at_start(_SETUP_CODE)
+        request = backend.prepare(work_dir=self.work_dir)
+
+        async def fork_holder() -> int:
+            pause(_pid_of(holder), paused=False)
+            try:
+                async with holder._lock:
+                    return await holder._fork_process(request)
+            finally:
+                pause(_pid_of(holder), paused=True)
+
+        try:
+            pid = await snapshot.at_home(fork_holder)
+        except BaseException:
+            await backend.shutdown()  # its folder and cgroup, prepared for nothing
+            raise
+        backend.adopted(pid)
+        await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
+        old, self.backend = self.backend, backend
+        try:
+            await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
+        except BaseException:
+            self.backend = old  # the session keeps the kernel it had
+            await backend.shutdown()
+            raise
+        self._dead = None
+        self._idle_since = asyncio.get_running_loop().time()
+        await old.shutdown()
+
+    async def _take_checkpoint(self, block: PreparedBlock) -> None:
+        """``checkpoint="block"``: a live snapshot after a successful block, in place of the
+        last one. One that cannot be taken (no memory to fork) leaves the last one, said in
+        the log: the block's result is not changed by it."""
+        try:
+            (holder,) = await self._forks(1, lineage=self._lineage)
+            try:
+                await holder.start()
+            except BaseException:
+                await holder.close()
+                raise
+        except Exception as exc:
+            _log.warning("no checkpoint after block %s: %s", block.index, exc)
+            return
+        pause(_pid_of(holder), paused=True)
+        snapshot = AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
+        snapshot.label = f"checkpoint after block {block.index}"
+        old, self._checkpoint = self._checkpoint, snapshot
+        if old is not None:
+            await old.release()
+
+    async def _drop_checkpoint(self) -> None:
+        old, self._checkpoint = self._checkpoint, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.release()
+
+    @classmethod
+    async def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> AsyncKernelExecutor:
+        """A new executor (built with ``options``) holding a durable snapshot's state; its
+        ``restored`` attribute is the snapshot's manifest, name by name."""
+        executor = cls(**options)
+        try:
+            executor.restored = await executor.restore(path, key=key)
+        except BaseException:
+            await executor.close()
+            raise
+        return executor
+
+    async def _save_durable(self, path: Path, key: bytes) -> SnapshotManifest:
+        async with self._durable_lock("snapshot(path=...)"):
+            folder = self._scratch()
+            try:
+                saved = await self._kernel_json(f"save({self._in_kernel(folder)!r})")
+                return await asyncio.to_thread(
+                    write,
+                    path,
+                    key,
+                    saved=saved,
+                    pickles=self._door,
+                    folder=folder,
+                    work=self._door,
+                    kind=self.backend.kind,
+                    kernel_name=getattr(self.backend, "kernel_name", None),
+                )
+            finally:
+                shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+
+    async def _restore_durable(self, path: Path, key: bytes) -> SnapshotManifest:
+        verified = await asyncio.to_thread(Verified, path, key)
+        try:
+            async with self._durable_lock("restore()"):
+                fresh = not self._started
+                await self._check_python(verified.manifest["python"], path)
+                if not fresh:
+                    await self._replace_kernel()  # a fresh kernel, as a resume gets
+                folder = self._scratch()
+                try:
+                    await asyncio.to_thread(_unpack, verified, self._door, folder)
+                    names = json.dumps(verified.manifest["names"])
+                    call = f"load({self._in_kernel(folder)!r}, {names!r})"
+                    fates = await self._kernel_json(call)
+                finally:
+                    shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                return verified.result(path, fates)
+        finally:
+            verified.close()
+
+    @contextlib.asynccontextmanager
+    async def _durable_lock(self, what: str) -> Any:
+        self._check_open()
+        if self._lock.locked():
+            raise SessionBusy(
+                f"a block is running in this session: {what} is refused while it runs"
+            )
+        async with self._lock:
+            self._check_open()
+            await self._ensure_started()
+            yield
+
+    def _scratch(self) -> str:
+        """A fresh folder under kernelexec's own folder of the work dir (relative path)."""
+        folder = f"{INTERNAL_DIR}/snapshot-{uuid.uuid4().hex[:12]}"
+        self._door.makedirs(folder)
+        return folder
+
+    def _in_kernel(self, rel: str) -> str:
+        return f"{self.backend.workspace or self.work_dir}/{rel}"
+
+    async def _kernel_json(self, call: str) -> Any:
+        cell, expression = kernel_call(call)
+        try:
+            reply = await self._quiet_request(cell, {"r": expression}, self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise ExecutionTimeout(f"the kernel did not answer within {self.timeout} s") from exc
+        value = (reply.get("user_expressions") or {}).get("r") or {}
+        if reply.get("status") != "ok" or value.get("status") != "ok":
+            failed = reply if reply.get("status") != "ok" else value
+            raise SnapshotError(
+                f"the kernel could not do it: {failed.get('ename')}: {failed.get('evalue')}"
+            )
+        return json.loads(ast.literal_eval(str(full_value(value["data"]["text/plain"]))))
+
+    async def _check_python(self, written: list[int], path: Path) -> None:
+        running = await self._kernel_json("version()")
+        if list(written[:2]) != list(running[:2]):
+            raise SnapshotError(
+                f"{path} was written by Python {written[0]}.{written[1]}; this kernel runs"
+                f" {running[0]}.{running[1]}: pickles do not carry across versions"
+            )
+
+    @contextlib.asynccontextmanager
+    async def _branching(self, what: str, *, live: bool = True) -> Any:
+        """The session's lock for a fork, snapshot or restore: refused at once (not queued)
+        while a block runs, and only for a back end whose kernel process can be forked;
+        ``live``: the kernel must be alive (not for a restore, which replaces it)."""
+        self._check_open()
+        if self.backend.kind not in FORKABLE:
+            raise ForkUnsupported(
+                f"{what} forks the kernel process, which a {self.backend.kind} back end does"
+                f" not allow; it works with {', '.join(FORKABLE)}"
+            )
+        if self._lock.locked():
+            raise SessionBusy(
+                f"a block is running in this session: {what} is refused while it runs (a"
+                " half-run block is no state to branch from); call it after the block ends"
+            )
+        async with self._lock:
+            self._check_open()
+            await self._ensure_started()
+            if live and self._dead is not None:
+                raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
+            yield
+
+    def _forked_backend(self) -> ForkedKernel:
+        python = getattr(self.backend, "python", None)
+        return ForkedKernel(origin_kind=self.backend.kind, python=python)
+
+    async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
+        children: list[AsyncKernelExecutor] = []
+        try:
+            for _ in range(count):
+                backend = self._forked_backend()
+                child = self._child(backend)
+                child._lineage = lineage
+                children.append(child)
+                await asyncio.to_thread(copy_work_dir, self._door, child._door)
+                request = backend.prepare(work_dir=child.work_dir)
+                backend.adopted(await self._fork_process(request))
+        except BaseException:
+            await _close_all(children)
+            raise
+        return children
+
+    def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
+        """A new executor like this one (same options, own work dir) for a forked kernel."""
+        options = self.options
+        return type(self)(
+            backend,
+            timeout=options.timeout,
+            env=dict(options.env),
+            output_limit=options.output_limit,
+            cleanup_code_files=options.cleanup_code_files,
+            outputs_dir=options.outputs_dir,
+            refuse_dangerous=options.refuse_dangerous,
+            code_extractor=self.code_extractor,
+            input=self.input_callback,
+            restart_on_death=self.restart_on_death,
+            interrupt_grace=self.interrupt_grace,
+            startup_timeout=self.startup_timeout,
+        )
+
+    async def _fork_process(self, request: dict[str, Any]) -> int:
+        """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
+        child's pid. A kernel that cannot fork (out of memory, a process limit) raises
+        ``KernelStartFailed`` saying why; the kernel itself carries on."""
+        cell, expression = fork_request(request)
+        try:
+            reply = await self._quiet_request(cell, {"pid": expression}, self.startup_timeout)
+        except asyncio.TimeoutError as exc:
+            raise KernelStartFailed("the kernel did not answer the request to fork") from exc
+        value = (reply.get("user_expressions") or {}).get("pid") or {}
+        if reply.get("status") != "ok" or value.get("status") != "ok":
+            failed = reply if reply.get("status") != "ok" else value
+            why = f"{failed.get('ename')}: {failed.get('evalue')}"
+            raise KernelStartFailed(f"the kernel could not fork ({why})")
+        try:
+            return int(value["data"]["text/plain"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KernelStartFailed("the kernel did not say which process it forked") from exc
 
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         if self._dead is not None:
@@ -665,6 +1040,8 @@ class AsyncKernelExecutor(AsyncExecutor):
             if _aborted(run)
             else await self._conclude(block, collector, run, timeout)
         )
+        if self.checkpoint == "block" and result.ok and not result.kernel_died:
+            await self._take_checkpoint(block)
         self._idle_since = asyncio.get_running_loop().time()
         return result
 
@@ -816,6 +1193,21 @@ class AsyncKernelExecutor(AsyncExecutor):
             )
         else:
             note = f"The kernel died while running this block ({reason})."
+        recovered = await self._recover()
+        if recovered is not None:
+            note += (
+                f" The session continues from the {recovered}: only this block's effects were lost."
+            )
+            error = ErrorInfo(ename="KernelDied", evalue=note)
+            return result.with_changes(
+                exit_code=EXIT_ERROR,
+                output=_append(result.output, note),
+                error=error,
+                outputs=[*result.outputs, _error_output(error)],
+                kernel_died=True,
+                state_lost=False,
+                recovered_from=recovered,
+            )
         if self.restart_on_death:
             await self._replace_kernel()
             note += " It was restarted: all variables and imports were lost."
@@ -832,6 +1224,18 @@ class AsyncKernelExecutor(AsyncExecutor):
             state_lost=self.restart_on_death,
         )
 
+    async def _recover(self) -> str | None:
+        """With a checkpoint: the kernel replaced by a fork of it; its label, or None."""
+        snapshot = self._checkpoint
+        if snapshot is None or snapshot.released:
+            return None
+        try:
+            await self._restore_live(snapshot)
+        except Exception as exc:
+            _log.warning("the checkpoint could not be restored: %s", exc)
+            return None
+        return snapshot.label
+
     async def _exited(self, result: ExecutionResult) -> ExecutionResult:
         """``exit()`` / ``quit()``: the kernel would stop right after; replace it now."""
         note = "The block called exit(); the kernel stopped."
@@ -841,6 +1245,32 @@ class AsyncKernelExecutor(AsyncExecutor):
         else:
             self._dead = "exit() was called"
         return result.with_changes(output=_append(result.output, note), state_lost=True)
+
+
+def _unpack(verified: Verified, door: Door, folder: str) -> None:
+    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
+    empty_work_dir(door)
+    for info in verified.archive.infolist():
+        name = info.filename
+        if name.startswith("work/") and not info.is_dir():
+            target = name[len("work/") :]
+        elif name.startswith("ns/"):
+            target = f"{folder}/{name[len('ns/') :]}"
+        else:
+            continue
+        with verified.archive.open(info) as src, door.replacing(target) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def _pid_of(executor: AsyncKernelExecutor) -> int | None:
+    pid: int | None = getattr(executor.backend, "pid", None)
+    return pid
+
+
+async def _close_all(executors: list[AsyncKernelExecutor]) -> None:
+    for executor in executors:
+        with contextlib.suppress(Exception):
+            await executor.close()
 
 
 class _BlockRun:
@@ -1120,6 +1550,9 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     '42'
     """
 
+    #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
+    restored: SnapshotManifest | None = None
+
     @property
     def backend(self) -> KernelBackend:
         return self.aio.backend
@@ -1127,6 +1560,62 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     def interrupt(self) -> None:
         """Interrupt the block running (from another thread); the kernel keeps its state."""
         self._call(self._core.interrupt)
+
+    def fork(self, n: int | None = None) -> Any:
+        """A new ``KernelExecutor`` with this one's state and a copy of its work dir (``n``: a
+        list of that many); see ``AsyncKernelExecutor.fork``. Each fork is closed on its own."""
+        # Each fork gets an event-loop thread of its own (its kernel client is made there):
+        # it outlives this executor.
+        cores = self._call(self._core._forked, 1 if n is None else n)
+        fronts = [SyncExecutor.wrap(core) for core in cores]
+        try:
+            for front in fronts:
+                front.start()
+        except BaseException:
+            for front in fronts:
+                front.close()
+            raise
+        return fronts[0] if n is None else fronts
+
+    def snapshot(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """A live snapshot (a paused forked copy), or with ``path`` a durable one (a signed
+        file; its manifest is returned); see ``AsyncKernelExecutor.snapshot``."""
+        if path is not None:
+            return self._call(self._core.snapshot, path, key=key)
+        return LiveSnapshot(self._call(self._core.snapshot), self._call)
+
+    def restore(
+        self,
+        snapshot: LiveSnapshot | AsyncLiveSnapshot | str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+    ) -> Any:
+        """Make a live snapshot current again, or load a durable one (a path) into a fresh
+        kernel, returning its manifest; see ``AsyncKernelExecutor.restore``."""
+        return self._call(self._core.restore, snapshot, key=key)
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key: bytes | str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> KernelExecutor:
+        """A new executor (built with ``options``) holding a durable snapshot's state; its
+        ``restored`` attribute is the snapshot's manifest, name by name."""
+        executor = cls(**options)
+        try:
+            executor.restored = executor.restore(path, key=key)
+        except BaseException:
+            executor.close()
+            raise
+        return executor
 
     def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
         """What the kernel would complete at ``cursor_pos`` (default: the end of ``code``)."""

@@ -84,6 +84,9 @@ class ExecutionResult:
     language: str = "python"
     kernel_died: bool = False
     state_lost: bool = False
+    #: the kernel died in this block and the session went on from this checkpoint (a live
+    #: snapshot, with ``checkpoint="block"``): only this block's effects were lost
+    recovered_from: str | None = None
     not_run: bool = False
     full_output_file: Path | None = None
     execution_count: int | None = None

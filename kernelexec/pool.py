@@ -504,6 +504,20 @@ class AsyncSessionManager:
         self._ensure_culler()
         return executor
 
+    async def adopt(self, name: str, executor: AsyncExecutor) -> None:
+        """Hold an executor made elsewhere (a fork of a session) as session ``name``; it is
+        closed with the session. ``SessionLimitReached`` / ``SessionExists`` as for ``create``."""
+        self._check_open()
+        if name in self._sessions:
+            raise SessionExists(f"session {name!r} already exists")
+        if len(self._sessions) + self._reserved >= self.options.max_sessions:
+            raise SessionLimitReached(
+                f"the session manager holds its maximum of {self.options.max_sessions} sessions"
+            )
+        self._sessions[name] = _Session(name=name, executor=executor)
+        self._culled.pop(name, None)
+        self._ensure_culler()
+
     async def get_or_create(self, name: str) -> AsyncExecutor:
         session = self._sessions.get(name)
         return session.executor if session is not None else await self.create(name)

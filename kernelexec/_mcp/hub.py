@@ -25,7 +25,15 @@ from typing import Any
 import anyio
 
 from .._door import Door
-from .._errors import InvalidBlock, JobNotFound, SessionLimitReached, SessionNotFound
+from .._errors import (
+    ForkUnsupported,
+    InvalidBlock,
+    JobNotFound,
+    SessionExists,
+    SessionLimitReached,
+    SessionNotFound,
+    SnapshotError,
+)
 from .._executor import AsyncExecutor, check_timeout, error_result
 from .._jobs import AsyncJob, JobStatus
 from .._registry import EXECUTORS, executor_entry, make_async_executor
@@ -139,6 +147,7 @@ class Hub:
         self._records: dict[str, _Record] = {}
         self._creating: dict[str, asyncio.Task[_Record]] = {}
         self._jobs: dict[str, tuple[str, AsyncJob]] = {}  # job id -> its session, the job
+        self._snapshots: dict[str, Any] = {}  # id -> a live snapshot (released with its session)
 
     @property
     def stateful(self) -> bool:
@@ -240,6 +249,9 @@ class Hub:
             executor = await self.manager.create(name)
         except SessionLimitReached as exc:
             raise SessionLimitReached(f"{exc}; close one first. {self._listing()}") from None
+        return self._hold(name, executor)
+
+    def _hold(self, name: str, executor: AsyncExecutor) -> _Record:
         record = _Record(name=name, executor=executor)
 
         def forward(output: NbOutput) -> None:
@@ -342,6 +354,44 @@ class Hub:
         await self._interrupt_if_busy(self.record(name))
         await self.manager.close_session(name)
         self._records.pop(name, None)
+
+    # -- branching (kernel sessions that fork: see docs/branching.md) ----------------------
+    def _kernel(self, name: str) -> Any:
+        executor = self.record(name).executor
+        if not hasattr(executor, "fork"):
+            raise ForkUnsupported(f"session {name!r} runs each block afresh: no state to branch")
+        return executor
+
+    async def fork(self, name: str, new_name: str) -> Path:
+        """Session ``new_name``: a fork of ``name`` (same state, a copy of its files)."""
+        executor = self._kernel(name)
+        if not new_name or len(new_name) > 100:
+            raise InvalidBlock("a session name is 1 to 100 characters")
+        if new_name in self._records or new_name in self.manager:
+            raise SessionExists(f"session {new_name!r} already exists. {self._listing()}")
+        child = await executor.fork()
+        try:
+            await self.manager.adopt(new_name, child)
+        except BaseException:
+            await child.close()
+            raise
+        return self._hold(new_name, child).executor.work_dir
+
+    async def snapshot(self, name: str) -> str:
+        """A live snapshot of session ``name``; its id (it lasts as long as the session)."""
+        snapshot = await self._kernel(name).snapshot()
+        key = f"snapshot-{len(self._snapshots) + 1}"
+        self._snapshots[key] = snapshot
+        return key
+
+    async def restore(self, name: str, snapshot_id: str) -> None:
+        """Session ``name`` back to the state of snapshot ``snapshot_id`` (of it or its forks)."""
+        executor = self._kernel(name)
+        snapshot = self._snapshots.get(snapshot_id)
+        if snapshot is None:
+            known = ", ".join(self._snapshots) or "none yet"
+            raise SnapshotError(f"no snapshot {snapshot_id!r} (snapshots: {known})")
+        await executor.restore(snapshot)
 
     async def _interrupt_if_busy(self, record: _Record) -> None:
         if record.busy:

@@ -1,9 +1,10 @@
 """The MCP tools over a ``Hub``, built with the official ``mcp`` SDK (the ``mcp`` extra).
 
 ``build_server(hub)`` returns an ``MCPServer`` whose tools are ``execute``, ``list_sessions``,
-``restart``, ``interrupt``, ``close_session``, ``upload_file``, ``read_file``, ``list_files``
-and, for detached blocks (``execute`` with ``detach``), ``job_status``, ``job_output`` and
-``job_cancel``.
+``restart``, ``interrupt``, ``close_session``, ``upload_file``, ``read_file``, ``list_files``,
+``fork_session``, ``snapshot`` and ``restore`` (live snapshots: a durable one names a host path,
+which an agent is not given) and, for detached blocks (``execute`` with ``detach``),
+``job_status``, ``job_output`` and ``job_cancel``.
 A tool's failure (unknown session, a path outside the work dir, ...) is a tool error the model
 reads, never a protocol error. ``serve_stdio`` and ``serve_http`` run it.
 """
@@ -384,6 +385,39 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
         async def call() -> CallToolResult:
             await hub.close_session(session)
             return _text(f"Session {session!r} closed.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def fork_session(new_session: str, session: str = "default") -> CallToolResult:
+        """Fork a kernel session: new_session starts with the same variables and imports and a
+        copy of its files; the two then diverge. Refused while a block runs in the session."""
+
+        async def call() -> CallToolResult:
+            await hub.fork(session, new_session)
+            return _text(f"Session {session!r} forked into {new_session!r}.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def snapshot(session: str = "default") -> CallToolResult:
+        """Take a live snapshot of a kernel session (its state and files); returns its id, for
+        restore. It lasts as long as the session."""
+
+        async def call() -> CallToolResult:
+            key = await hub.snapshot(session)
+            return _text(f"Snapshot {key} of session {session!r} taken.")
+
+        return await _tool_errors(call())
+
+    @server.tool()
+    async def restore(snapshot_id: str, session: str = "default") -> CallToolResult:
+        """Put a kernel session back to a snapshot of it (or of the session it was forked
+        from): its variables and files become the snapshot's."""
+
+        async def call() -> CallToolResult:
+            await hub.restore(session, snapshot_id)
+            return _text(f"Session {session!r} restored to {snapshot_id}.")
 
         return await _tool_errors(call())
 

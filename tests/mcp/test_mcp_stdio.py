@@ -27,6 +27,9 @@ TOOLS = {
     "job_status",
     "job_output",
     "job_cancel",
+    "fork_session",
+    "snapshot",
+    "restore",
 }
 
 

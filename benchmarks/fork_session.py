@@ -1,0 +1,140 @@
+"""Forking a live session and restoring a live snapshot, beside a cold start and a re-run.
+
+    python benchmarks/fork_session.py [-n 5] [--mib 1024] [--json]
+
+A fork-server session holds a numpy array of ``--mib`` MiB. Measured, round by round:
+
+* fork to the child's first block: ``ex.fork()`` + a block reading the array. Target 50 ms.
+* restore: ``ex.restore(snapshot)`` + the same block.
+* cold start + re-running the blocks: a new fork-server kernel that builds the array again, then
+  the same block (what an agent without fork does to get a second copy of its state).
+* the child's unique memory (USS) once forked, and after it wrote 64 MiB of its own: a fork's
+  memory grows only with what it writes (the array's pages stay shared).
+
+Verdicts are printed lines, not assertions; the machine's load is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from kernelexec import KernelExecutor, make_executor, stop_fork_servers
+from kernelexec.bench.memory import uss_bytes
+
+FORK_TARGET_S = 0.050
+READ = "print(float(big[:4].sum()))"
+
+
+def build(mib: int) -> str:
+    return f"import numpy as np\nbig = np.ones({mib} * 2**20 // 8)\n"
+
+
+def _pid(ex: KernelExecutor) -> int:
+    return int(ex.execute("import os; os.getpid()").output)
+
+
+def fork_round(ex: KernelExecutor) -> tuple[float, float, float]:
+    """(seconds to the child's first block, child USS MiB, USS MiB after writing 64 MiB)."""
+    started = time.perf_counter()
+    child = ex.fork()
+    try:
+        result = child.execute(READ)
+        elapsed = time.perf_counter() - started
+        assert result.exit_code == 0, result.output
+        pid = _pid(child)
+        uss = (uss_bytes(pid) or 0) / 2**20
+        child.execute("own = np.ones(8 * 2**20)")  # 64 MiB the child writes
+        grown = (uss_bytes(pid) or 0) / 2**20
+    finally:
+        child.close()
+    return elapsed, uss, grown
+
+
+def restore_round(ex: KernelExecutor, snapshot: Any) -> float:
+    started = time.perf_counter()
+    ex.restore(snapshot)
+    result = ex.execute(READ)
+    assert result.exit_code == 0, result.output
+    return time.perf_counter() - started
+
+
+def cold_round(root: str, mib: int) -> float:
+    started = time.perf_counter()
+    with make_executor("fork-kernel", work_dir=root, timeout=120) as cold:
+        cold.execute(build(mib))
+        result = cold.execute(READ)
+        assert result.exit_code == 0, result.output
+        return time.perf_counter() - started
+
+
+def measure(rounds: int, mib: int) -> dict[str, Any]:
+    with TemporaryDirectory() as root:
+        ex = make_executor("fork-kernel", work_dir=root, timeout=120)
+        assert isinstance(ex, KernelExecutor)
+        try:
+            ex.execute(build(mib))
+            snapshot = ex.snapshot()
+            forks, restores, colds, uss, grown = [], [], [], [], []
+            for _ in range(rounds):
+                seconds, before, after = fork_round(ex)
+                forks.append(seconds)
+                uss.append(before)
+                grown.append(after)
+                restores.append(restore_round(ex, snapshot))
+                colds.append(cold_round(root, mib))
+            snapshot.release()
+        finally:
+            ex.close()
+            stop_fork_servers()
+    return {
+        "load": os.getloadavg(),
+        "array_mib": mib,
+        "rounds": rounds,
+        "fork_first_block_p50_s": statistics.median(forks),
+        "restore_first_block_p50_s": statistics.median(restores),
+        "cold_start_rerun_p50_s": statistics.median(colds),
+        "child_uss_mib": statistics.median(uss),
+        "child_uss_after_64mib_write_mib": statistics.median(grown),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--mib", type=int, default=1024, help="the array's size (default 1024)")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
+    args = parser.parse_args(argv)
+    report = measure(args.n, args.mib)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print(report)
+    return 0
+
+
+def _print(r: dict[str, Any]) -> None:
+    fork = r["fork_first_block_p50_s"]
+    verdict = "PASS" if fork <= FORK_TARGET_S else "FAIL"
+    print(f"load average {r['load'][0]:.2f}, python {sys.version.split()[0]}")
+    print(f"session holding a {r['array_mib']} MiB array, {r['rounds']} rounds (p50):")
+    print(
+        f"  fork to the child's first block {fork * 1000:.0f} ms  target "
+        f"{FORK_TARGET_S * 1000:.0f} ms: {verdict}"
+    )
+    print(f"  restore a live snapshot + block {r['restore_first_block_p50_s'] * 1000:.0f} ms")
+    print(f"  cold start + re-run the blocks {r['cold_start_rerun_p50_s'] * 1000:.0f} ms")
+    print(
+        f"  child USS {r['child_uss_mib']:.1f} MiB; after writing 64 MiB "
+        f"{r['child_uss_after_64mib_write_mib']:.1f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Forks a running IPython kernel: sent as source to the kernel (never imported by the host).
+
+The host loads this into the kernel with a silent request and calls ``fork(request)`` as its
+user expression (see ``forked_kernel``). The
+kernel forks twice (the child is nobody's child but init's: the kernel that forked it never has
+to reap it) and answers with the child's pid; the kernel itself is undisturbed: no name added,
+no history, no output. The child, copy-on-write, keeps the kernel's whole Python state (every
+variable, import, figure) and builds what is the kernel's own process around it again:
+
+- its cgroup (the host made it) joined first, then a session of its own;
+- fresh sockets from the host's new connection file, with a key of their own, fresh threads
+  (iopub, control, heartbeat) and a fresh event loop: the parent's are never touched (a socket,
+  pipe or event descriptor it shares with the parent is closed here, never used: an epoll set
+  or zmq context shared with the parent would steal its messages);
+- the same shell (``get_ipython()``, its namespace, ``In``/``Out``, execution count), given the
+  new kernel;
+- its own working folder (the host's copy of the work dir), its own log.
+
+The child never returns into the parent's request: it runs its own kernel and exits with it.
+No kernelexec import here: the kernel may run another interpreter than the host's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+_kept: list[Any] = []  # the parent's objects, kept alive (never collected) in the child
+
+
+def fork(request: dict[str, Any]) -> int:
+    """In the kernel: fork the child described by ``request``; the child's pid."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            child = os.fork()
+            if child == 0:
+                _become_kernel(request)  # never returns
+            os.write(write_end, str(child).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    with os.fdopen(read_end, "rb") as f:
+        text = f.read().decode()
+    if not text:
+        raise RuntimeError("the forked kernel's process did not start")
+    return int(text)
+
+
+def _become_kernel(request: dict[str, Any]) -> None:
+    code = 1
+    try:
+        _prepare_process(request)
+        app = _rebuild_app(request)
+        code = 0
+        try:
+            app.start()
+        except BaseException:
+            code = 0
+    except BaseException:
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _prepare_process(request: dict[str, Any]) -> None:
+    import atexit
+    import signal
+
+    procs = request.get("cgroup")
+    if procs:
+        with open(procs, "w", encoding="ascii") as f:
+            f.write("0")  # first: nothing the child runs is outside its cgroup
+    os.setsid()  # its own session and process group: the host kills the group with it
+    # The parent's exit handlers (its connection file's clean-up, its sockets') are not ours.
+    atexit._clear()
+    signal.set_wakeup_fd(-1)  # the parent's event loop's wake-up pipe, closed below
+    _own_stdio(request["log"])
+    _close_shared()
+    os.chdir(request["cwd"])
+
+
+def _own_stdio(log: str) -> None:
+    """fd 1 to nowhere, fd 2 to the child's own log, as for a local kernel; the parent's output
+    capture (a pipe its thread reads) let go of."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        _kept.append(stream)
+        if hasattr(stream, "_should_watch"):
+            stream._should_watch = False
+    null = os.open(os.devnull, os.O_WRONLY)
+    err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 1)
+    os.dup2(err, 2)
+    os.close(null)
+    os.close(err)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+
+
+def _close_shared() -> None:
+    """Every socket, pipe and event descriptor inherited from the parent kernel (its zmq
+    contexts, its event loop's epoll and wake-up pipe, its capture pipes): shared with the
+    parent, they would steal its messages if used. Regular files a block opened stay open."""
+    import stat
+
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) or target.startswith("anon_inode:"):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _rebuild_app(request: dict[str, Any]) -> Any:
+    """The kernel application, with new sockets, threads and kernel around the same shell."""
+    import asyncio
+    import logging
+    import sys
+
+    from ipykernel.kernelapp import IPKernelApp
+    from jupyter_client.session import Session
+
+    app: Any = IPKernelApp.instance()
+    old_loop = asyncio.events._get_running_loop()
+    _kept.extend([old_loop, app.kernel, app.context, app.heartbeat, app.iopub_thread])
+    _kept.extend([app.control_thread, getattr(app, "shell_channel_thread", None), app.poller])
+    _kept.extend([app.session, sys.displayhook, app.shell_socket, app.stdin_socket])
+    # A fresh event loop for this thread: the parent's is never run, closed or collected here.
+    asyncio.events._set_running_loop(None)
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    for handler in logging.getLogger().handlers + list(app.log.handlers):
+        if isinstance(handler, logging.StreamHandler):
+            handler.stream = sys.__stderr__
+    app.context = app.heartbeat = app.iopub_thread = app.control_thread = None
+    if hasattr(app, "shell_channel_thread"):
+        app.shell_channel_thread = None
+    app.poller = None  # no parent to watch: the host's cgroup and process group hold the child
+    app.parent_handle = 0
+    app.connection_file = request["connection_file"]
+    app.session = Session(parent=app)
+    app.init_connection_file()
+    app.session.pid = os.getpid()
+    app.init_sockets()
+    app.init_heartbeat()
+    app.init_io()
+    app.init_signal()
+    shell: Any = app.shell
+    type(app.kernel).clear_instance()
+    app.init_kernel()
+    shell.parent = shell.kernel = app.kernel
+    app.shell = shell
+    setup = request.get("setup")
+    if setup:
+        exec(compile(setup, "<kernelexec set-up>", "exec"), shell.user_ns)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return app
