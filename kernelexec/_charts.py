@@ -182,7 +182,8 @@ def _axes_summary(ax: dict[str, Any]) -> str:
         values = f", {_fmt(total)} values" if total is not None else ""
         edges = _span(first.get("edges_range")) or _span(first.get("x_range"))
         where = f" {edges}" if edges else ""
-        return f"{name}: {x_label}{where} ({bins} bins{values}), {_y_part(ax, series, default='count')}"
+        counts = _y_part(ax, series, default="count")
+        return f"{name}: {x_label}{where} ({bins} bins{values}), {counts}"
     points = _count(first.get("count"), 0)
     lines = f", {len(series)} series" if len(series) > 1 else ""
     legend = [_text(v) for v in _list(ax.get("legend"))[:_MAX_ITEMS]]
