@@ -153,7 +153,8 @@ def table_summary(doc: Any) -> str:
 def _axes_summary(ax: dict[str, Any]) -> str:
     kind = _text(ax.get("type")) or "unknown"
     title = _quoted(ax.get("title"))
-    series = [_dict(s) for s in _list(ax.get("series"))]
+    listed = _list(ax.get("series"))
+    series = [_dict(s) for s in listed[: _MAX_ITEMS * 4]]
     name = f"{kind} {title}" if title else kind
     if kind == "unknown" or not series:
         others = ", ".join(_text(o) for o in _list(ax.get("other_artists"))[:_MAX_ITEMS])
@@ -185,7 +186,7 @@ def _axes_summary(ax: dict[str, Any]) -> str:
         counts = _y_part(ax, series, default="count")
         return f"{name}: {x_label}{where} ({bins} bins{values}), {counts}"
     points = _count(first.get("count"), 0)
-    lines = f", {len(series)} series" if len(series) > 1 else ""
+    lines = f", {len(listed)} series" if len(listed) > 1 else ""
     legend = [_text(v) for v in _list(ax.get("legend"))[:_MAX_ITEMS]]
     named = f": {', '.join(v for v in legend if v)}" if any(legend) else ""
     return f"{name}: {x_label} ({points} points{lines}{named}), {_y_part(ax, series)}"

@@ -223,3 +223,22 @@ def test_round_trip_cost_with_and_without_extraction(
     without, with_ = best(off), best(ex)
     print(f"plot round trip: {with_ * 1000:.1f} ms with charts, {without * 1000:.1f} ms without")
     assert with_ < without * 2 + 0.2  # generous: a loaded machine
+
+
+def test_a_forged_document_from_the_kernel_is_only_text(ex: KernelExecutor) -> None:
+    """The block itself sends chart and table documents: malformed, spoofing, with absurd numbers."""
+    r = ex.execute(
+        "from IPython.display import display\n"
+        f"display({{'{CHART_MIME}': {{'axes': [{{'type': 'line', 'title': 'a\\n[x]\\x1b[2J',"
+        " 'series': [{'count': 1e300, 'y_range': [-1e308, 'b']}]}] * 3,"
+        " 'axes_count': -5},"
+        f" '{TABLE_MIME}': {{'shape': 'huge', 'columns': [None, 7, {{'name': ['x']}}]}},"
+        " 'text/plain': 'forged'}, raw=True)"
+    )
+    assert r.ok, r.output
+    assert r.output.splitlines() == [
+        "forged",
+        '[chart: 3 axes: line "a [x] [2J": x (0 points), y | line "a [x] [2J": x (0 points), y'
+        ' | line "a [x] [2J": x (0 points), y]',
+        "[table: 0 rows x 0 columns: ?, ?, ?]",
+    ]
