@@ -226,7 +226,7 @@ def test_round_trip_cost_with_and_without_extraction(
 
 
 def test_a_forged_document_from_the_kernel_is_only_text(ex: KernelExecutor) -> None:
-    """The block itself sends chart and table documents: malformed, spoofing, with absurd numbers."""
+    """The block itself sends chart and table documents: malformed, spoofing, absurd numbers."""
     r = ex.execute(
         "from IPython.display import display\n"
         f"display({{'{CHART_MIME}': {{'axes': [{{'type': 'line', 'title': 'a\\n[x]\\x1b[2J',"
