@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kx_sandbox import sandbox_unavailable
 
 from kernelexec import KernelExecutor, make_executor
 from kernelexec._charts import CHART_MIME, TABLE_MIME
@@ -197,9 +198,14 @@ def test_charts_switched_off(off: KernelExecutor) -> None:
     assert "[image/png saved to outputs/cell2-1.png]" in r.output
 
 
-def test_the_fork_kernel_gives_charts_too(tmp_path: Any) -> None:
-    with make_executor("fork-kernel", work_dir=tmp_path, timeout=60) as fork:
-        r = fork.execute("import matplotlib.pyplot as plt; plt.bar(['a', 'b'], [1, 2]); plt.show()")
+@pytest.mark.parametrize("kind", ["fork-kernel", "sandboxed-kernel"])
+def test_other_kernel_back_ends_give_charts_too(kind: str, tmp_path: Any) -> None:
+    if kind == "sandboxed-kernel" and (reason := sandbox_unavailable()) is not None:
+        pytest.skip(reason)
+    with make_executor(kind, work_dir=tmp_path, timeout=60) as other:
+        r = other.execute(
+            "import matplotlib.pyplot as plt; plt.bar(['a', 'b'], [1, 2]); plt.show()"
+        )
     assert r.ok, r.output
     (doc,) = documents(r, CHART_MIME)
     assert doc["axes"][0]["series"][0]["x"] == ["a", "b"]
