@@ -22,11 +22,14 @@ SETUP = "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
 WORKLOADS = {
     "line plot, 1,000 points": "plt.plot(np.arange(1000), np.sqrt(np.arange(1000))); plt.show()",
     "2x2 subplots (line, bar, hist, scatter)": (
-        "fig, a = plt.subplots(2, 2); a[0, 0].plot(range(50)); a[0, 1].bar(list('abcd'), [1, 3, 2, 4])\n"
+        "fig, a = plt.subplots(2, 2); a[0, 0].plot(range(50))\n"
+        "a[0, 1].bar(list('abcd'), [1, 3, 2, 4])\n"
         "a[1, 0].hist(np.random.default_rng(0).normal(size=5000), bins=40)\n"
         "a[1, 1].scatter(np.arange(200), np.arange(200) % 7); plt.show()"
     ),
-    "line plot, 1,000,000 points": "plt.plot(np.arange(10**6), np.sin(np.arange(10**6) / 1e4)); plt.show()",
+    "line plot, 1,000,000 points": (
+        "plt.plot(np.arange(10**6), np.sin(np.arange(10**6) / 1e4)); plt.show()"
+    ),
     "DataFrame 10,000 x 5": "pd.DataFrame(np.random.default_rng(0).normal(size=(10_000, 5)))",
 }
 

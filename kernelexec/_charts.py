@@ -163,19 +163,21 @@ def _axes_summary(ax: dict[str, Any]) -> str:
     first = series[0]
     if kind == "pie":
         labels = ", ".join(_text(x) for x in _list(first.get("x"))[:_MAX_ITEMS])
-        return f"{name}: {_count(first.get('count'), 0)} slices ({labels})"
+        return f"{name}: {_many(_count(first.get('count'), 0), 'slice')} ({labels})"
     if kind == "image":
         shape = "x".join(str(_count(n, 0)) for n in _list(first.get("shape"))[:3])
         values = _span(first.get("value_range"))
         return f"{name}: {shape} array" + (f", values {values}" if values else "")
     if kind == "box":
         boxes = _list(first.get("boxes"))
-        return f"{name}: {_count(first.get('count'), len(boxes))} boxes, {_y_part(ax, series)}"
+        count = _many(_count(first.get("count"), len(boxes)), "box", "boxes")
+        return f"{name}: {count}, {_y_part(ax, series)}"
     x_label = _labelled("x", ax.get("x_label"))
     if kind == "bar" and not _span(first.get("x_range")):  # categories
         names = [_text(v) for v in _list(first.get("x"))[:_MAX_ITEMS]]
         more = ", ..." if _count(first.get("count"), 0) > len(names) else ""
-        categories = f"{_count(first.get('count'), 0)} categories ({', '.join(names)}{more})"
+        count = _many(_count(first.get("count"), 0), "category", "categories")
+        categories = f"{count} ({', '.join(names)}{more})"
         return f"{name}: {x_label} {categories}, {_y_part(ax, series)}"
     if kind == "histogram":
         bins = _count(first.get("bins"), _count(first.get("count"), 0))
@@ -202,6 +204,10 @@ def _y_part(ax: dict[str, Any], series: list[dict[str, Any]], default: str = "")
     scale = _text(ax.get("y_scale"))
     log = " (log)" if scale == "log" else ""
     return f"{label} {_between(min(lows), max(highs))}{log}"
+
+
+def _many(count: int, word: str, words: str = "") -> str:
+    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def _labelled(axis: str, label: Any) -> str:
@@ -240,7 +246,7 @@ def _column_summary(column: dict[str, Any]) -> str:
     nulls = _count(column.get("nulls"), 0)
     words = [name, dtype] if dtype else [name]
     if nulls:
-        words.append(f"({nulls} nulls)")
+        words.append(f"({_many(nulls, 'null')})")
     low, high = column.get("min"), column.get("max")
     if low is not None and high is not None:
         low_n, high_n = _number(low), _number(high)

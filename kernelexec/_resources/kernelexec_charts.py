@@ -173,14 +173,18 @@ def _value(value):
 
 
 def _sample(values):
-    """(up to MAX_POINTS values evenly spread over ``values``, its true count)."""
+    """(up to MAX_POINTS values evenly spread over ``values``, its true count): picked by index,
+    so a million-point array is never copied whole into Python objects."""
+    import numpy as np
+
+    values = np.asarray(values)
+    if values.ndim != 1:
+        values = values.ravel()
     count = len(values)
     if count <= MAX_POINTS:
-        picked = values
-    else:
-        step = count / MAX_POINTS
-        picked = [values[int(i * step)] for i in range(MAX_POINTS - 1)] + [values[-1]]
-    return [_value(v) for v in picked], count
+        return [_value(v) for v in values.tolist()], count
+    picked = np.linspace(0, count - 1, MAX_POINTS).astype(int)
+    return [_value(v) for v in values[picked].tolist()], count
 
 
 def _range(values):
@@ -198,8 +202,8 @@ def _range(values):
 
 
 def _series(kind, label, x, y, **extra):
-    xs, count = _sample(list(x))
-    ys, _ = _sample(list(y))
+    xs, count = _sample(x)
+    ys, _ = _sample(y)
     out = {"kind": kind, "label": _text(label), "count": count, "x": xs, "y": ys}
     out["x_range"], out["y_range"] = _range(x), _range(y)
     if count > MAX_POINTS:

@@ -30,7 +30,7 @@ def test_the_docker_kernel_gives_chart_and_table_documents(
     assert hist["type"] == "histogram" and hist["series"][0]["y"] == [1.0, 2.0, 3.0]
     assert box["type"] == "box" and box["series"][0]["boxes"][0]["med"] == 3
     assert table["shape"] == [3, 1] and table["columns"][0]["nulls"] == 1
-    assert "[chart: 2 axes: histogram: x 1-3 (3 bins, 6 values), y count 1-3 | box: 1 boxes" in (
+    assert "[chart: 2 axes: histogram: x 1-3 (3 bins, 6 values), y count 1-3 | box: 1 box" in (
         r.output
     )
-    assert "[table: 3 rows x 1 columns: k object (1 nulls) top a/b]" in r.output
+    assert "[table: 3 rows x 1 columns: k object (1 null) top a/b]" in r.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import io
 import random
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from kernelexec._charts import CHART_MIME, TABLE_MIME, chart_summary, table_summary
 from kernelexec._outputs import OutputCollector
+from kernelexec._view import LiveView
 
 pytestmark = pytest.mark.unit
 
@@ -118,3 +120,17 @@ def test_an_error_note_and_a_plotly_spec_are_read_as_text() -> None:
     assert chart_summary({"library": "plotly", "spec_chars": 10**6}) == (
         "chart: plotly spec left out (1000000 characters)"
     )
+
+
+def test_the_live_view_says_charts_and_tables_in_a_line() -> None:
+    seen = io.StringIO()
+    view = LiveView(seen)
+    chart = {"axes": [{"type": "bar", "series": [{"x": ["a"], "count": 1}]}]}
+    view({"output_type": "display_data", "data": {"image/png": PNG, CHART_MIME: chart}})
+    table = {"shape": [2, 1], "columns": [{"name": "k\n", "dtype": "int64", "min": 1, "max": 2}]}
+    view({"output_type": "execute_result", "data": {"text/html": "<t/>", TABLE_MIME: table}})
+    assert seen.getvalue().splitlines() == [
+        "[chart: bar: x 1 category (a), y]",
+        "[text/html]",
+        "[table: 2 rows x 1 columns: k int64 1-2]",
+    ]
