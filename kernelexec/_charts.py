@@ -114,6 +114,30 @@ _MAX_LINE = 600
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 
 
+_PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_VEGALITE_MIME = re.compile(r"^application/vnd\.vegalite\.v\d+\+json$")
+
+
+def data_summaries(data: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the chart's line, the table's line) of one output's data, None where it has none.
+    A Plotly figure displays itself (``_ipython_display_``), past the kernel's formatters: its
+    own JSON, and a Vega-Lite spec under its own MIME type, are read here the same way."""
+    table = table_summary(data[TABLE_MIME]) if TABLE_MIME in data else None
+    if CHART_MIME in data:
+        return chart_summary(data[CHART_MIME]), table
+    for mime, value in data.items():
+        if mime == _PLOTLY_MIME:
+            return chart_summary({"library": "plotly", "spec": value}), table
+        if _VEGALITE_MIME.match(mime):
+            return chart_summary({"library": "vega-lite", "spec": value}), table
+    return None, table
+
+
+def is_chart_form(mime: str) -> bool:
+    """A MIME type whose saved file a chart's line names (its image, or its own spec)."""
+    return mime.startswith("image/") or mime == _PLOTLY_MIME or bool(_VEGALITE_MIME.match(mime))
+
+
 def chart_summary(doc: Any) -> str:
     """One line for a chart document: ``chart: line "Title": x month (12 points), y ...``."""
     doc = _dict(doc)

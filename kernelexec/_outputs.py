@@ -35,7 +35,7 @@ from ._budget import (
     pieces,
     text_length,
 )
-from ._charts import CHART_MIME, DATA_MIMES, TABLE_MIME, chart_summary, table_summary
+from ._charts import DATA_MIMES, data_summaries, is_chart_form
 from ._door import Door
 from ._errors import KernelExecError
 from ._types import ErrorInfo, NbOutput
@@ -598,8 +598,7 @@ class OutputCollector:
             plain = None  # "<Figure size 640x480 with 1 Axes>" says nothing the file does not
         lines: list[str] = []
         # A chart or table document is said as one line (the chart's on its image's line).
-        chart = chart_summary(data[CHART_MIME]) if CHART_MIME in data else None
-        table = table_summary(data[TABLE_MIME]) if TABLE_MIME in data else None
+        chart, table = data_summaries(data)
         for mime in [*data, *display.omitted]:
             if mime in DATA_MIMES and mime in data:
                 continue
@@ -607,7 +606,7 @@ class OutputCollector:
             if form is not None:
                 rel = f"{self._outputs_dir}/cell{self._cell}-{display.k}.{form[0]}"
                 refused = display.refused.get(mime)
-                if refused is None and chart is not None and mime in _IMAGE_PREFERENCE:
+                if refused is None and chart is not None and is_chart_form(mime):
                     lines.append(f"[{chart}; saved to {rel}]")
                     chart = None
                 elif refused is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._charts import CHART_MIME, TABLE_MIME, chart_summary, table_summary
+from ._charts import data_summaries
 from ._outputs import file_form, strip_ansi
 from ._types import ExecutionResult, NbOutput
 
@@ -64,11 +64,12 @@ def _omitted(output: NbOutput) -> list[str]:
 
 def _display_line(data: dict[str, Any], omitted: list[str]) -> str:
     """A rich output as one line: the file-backed forms it has, else its plain text."""
-    if CHART_MIME in data:  # what the chart shows says more than "[image/png]"
-        return f"[{chart_summary(data[CHART_MIME])}]"
+    chart, table_line = data_summaries(data)
+    if chart is not None:  # what the chart shows says more than "[image/png]"
+        return f"[{chart}]"
     mimes = [*data, *omitted]
     forms = [mime for mime in mimes if mime != "text/plain" and file_form(mime) is not None]
-    table = f"\n[{table_summary(data[TABLE_MIME])}]" if TABLE_MIME in data else ""
+    table = f"\n[{table_line}]" if table_line is not None else ""
     if forms:
         return f"[{', '.join(forms)}]{table}"
     return _text(data.get("text/plain", "")).rstrip("\n") + table

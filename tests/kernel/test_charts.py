@@ -248,3 +248,26 @@ def test_a_forged_document_from_the_kernel_is_only_text(ex: KernelExecutor) -> N
         ' | line "a [x] [2J": x (0 points), y]',
         "[table: 0 rows x 0 columns: ?, ?, ?]",
     ]
+
+
+def test_seaborn_plotly_and_altair_where_the_kernel_has_them(ex: KernelExecutor) -> None:
+    """In the dev extra; a kernel without them skips (kernelexec itself needs none of them)."""
+    if not ex.execute("import seaborn as sns, plotly.graph_objects as go, altair as alt").ok:
+        pytest.skip("seaborn, plotly or altair is not installed in the kernel")
+    r = ex.execute(
+        "tips = pd.DataFrame({'day': ['a', 'b', 'a', 'c'], 'bill': [10.0, 20.0, 30.0, 5.0]})\n"
+        "fig, (a, b) = plt.subplots(1, 2)\n"
+        "sns.histplot(tips['bill'], bins=3, ax=a); sns.barplot(tips, x='day', y='bill', ax=b)\n"
+        "plt.show()"
+    )
+    assert r.ok, r.output
+    (doc,) = documents(r, CHART_MIME)
+    hist, bar = doc["axes"]
+    assert hist["type"] == "histogram" and sum(hist["series"][0]["y"]) == 4
+    assert bar["series"][0]["x"] == ["a", "b", "c"] and bar["series"][0]["y"] == [20, 20, 5]
+    r = ex.execute("go.Figure([go.Bar(x=['a', 'b'], y=[1, 2])], layout={'title': {'text': 'P'}})")
+    assert r.ok and '[chart: plotly "P": 1 traces (bar); saved to outputs/' in r.output, r.output
+    r = ex.execute("alt.Chart(tips).mark_bar().encode(x='day', y='bill').properties(title='V')")
+    (spec,) = documents(r, CHART_MIME)
+    assert spec["library"] == "vega-lite" and spec["spec"]["mark"]["type"] == "bar"
+    assert '[chart: vega-lite bar "V": x day, y bill]' in r.output, r.output
