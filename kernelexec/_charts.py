@@ -23,16 +23,19 @@ DATA_MIMES = (CHART_MIME, TABLE_MIME)
 
 _SOURCE = (Path(__file__).with_name("_resources") / "kernelexec_charts.py").read_text("utf-8")
 
-# Run in the kernel by the set-up code. It registers the two formatters by type name (nothing is
-# imported for them) and an import hook that waits for matplotlib's axes module; the extractor's
-# own code (the source above) is compiled only when a figure or a frame is first shown.
+# Run in the kernel by the set-up code. It wraps IPython's display formatter (classes are matched
+# by name: nothing is imported for them) and adds an import hook that waits for matplotlib's axes
+# module; the extractor's own code (the source above) is compiled only when a figure or a frame
+# is first shown.
 _STUB = """\
 def _kx_charts(source):
     import sys
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     if shell is None:
         return
-    from IPython.core.formatters import JSONFormatter
+    displays = shell.display_formatter
+    if getattr(displays.format, "_kx_charts", False):
+        return
     loaded = {}
 
     def module():
@@ -40,36 +43,54 @@ def _kx_charts(source):
             exec(compile(source, "<kernelexec charts>", "exec"), loaded)
         return loaded
 
-    def lazy(name):
-        def format_(obj):
-            try:
-                return module()["format"](name, obj)
-            except Exception as exc:  # never fail the block
-                return {"version": 1, "library": name, "error": type(exc).__name__}
-        return format_
+    # (module, class name) of an object's class or a base -> (MIME type, extractor); pandas 3
+    # names DataFrame's module "pandas".
+    targets = {
+        ("matplotlib.figure", "Figure"): ("%(chart)s", "matplotlib"),
+        ("plotly.basedatatypes", "BaseFigure"): ("%(chart)s", "plotly"),
+        ("altair.vegalite.v4.api", "TopLevelMixin"): ("%(chart)s", "altair"),
+        ("altair.vegalite.v5.api", "TopLevelMixin"): ("%(chart)s", "altair"),
+        ("altair.vegalite.v6.api", "TopLevelMixin"): ("%(chart)s", "altair"),
+        ("pandas.core.frame", "DataFrame"): ("%(table)s", "pandas"),
+        ("pandas", "DataFrame"): ("%(table)s", "pandas"),
+    }
+    seen = {}  # type -> its target or None: one dict lookup per display after the first
 
-    # Figure's base class: IPython's select_figure_formats (run when pyplot loads the inline
-    # backend) pops every formatter's printer for Figure itself.
-    kinds = (
-        ("%(chart)s", "_repr_kernelexec_chart_", (
-            ("matplotlib.figure", "FigureBase", "matplotlib"),
-            ("plotly.basedatatypes", "BaseFigure", "plotly"),
-            ("altair.vegalite.v4.api", "TopLevelMixin", "altair"),
-            ("altair.vegalite.v5.api", "TopLevelMixin", "altair"),
-            ("altair.vegalite.v6.api", "TopLevelMixin", "altair"),
-        )),
-        ("%(table)s", "_repr_kernelexec_table_", (
-            ("pandas.core.frame", "DataFrame", "pandas"),
-            ("pandas", "DataFrame", "pandas"),  # pandas 3 names its classes' module so
-        )),
-    )
-    for mime, method, types in kinds:
-        formatter = JSONFormatter(parent=shell.display_formatter)
-        formatter.format_type = mime
-        formatter.print_method = method
-        for module_name, class_name, name in types:
-            formatter.for_type_by_name(module_name, class_name, lazy(name))
-        shell.display_formatter.formatters[mime] = formatter
+    def target(cls):
+        if cls in seen:
+            return seen[cls]
+        found = None
+        for base in getattr(cls, "__mro__", ())[:64]:
+            key = (getattr(base, "__module__", None), getattr(base, "__name__", None))
+            if key in targets:
+                found = targets[key]
+                break
+        if len(seen) > 4096:  # classes made on the fly must not grow it for ever
+            seen.clear()
+        seen[cls] = found
+        return found
+
+    original = displays.format
+
+    # Every display and every cell's value is formatted here: the documents are added to what
+    # IPython's own formatters gave (after them, so a figure's PNG is drawn first). One wrapper
+    # rather than two more formatters: any other object pays one dict lookup, nothing more.
+    def format(obj, include=None, exclude=None):
+        data, metadata = original(obj, include=include, exclude=exclude)
+        hit = target(type(obj))
+        if hit is None or (include and hit[0] not in include) or (exclude and hit[0] in exclude):
+            return data, metadata
+        try:
+            doc = module()["format"](hit[1], obj)
+        except Exception as exc:  # never fail the block
+            doc = {"version": 1, "library": hit[1], "error": type(exc).__name__}
+        if isinstance(data, dict) and doc is not None:
+            data[hit[0]] = doc
+        return data, metadata
+
+    format._kx_charts = True
+    format.__wrapped__ = original
+    displays.format = format
 
     class AxesHook:
         # Waits for matplotlib's axes module, to wrap hist and bxp (see the source).

@@ -3,17 +3,17 @@
 """Charts and tables as data, inside the kernel: what a figure or a DataFrame shows, as JSON.
 
 kernelexec's set-up code gives this file's text to each kernel (which may not have kernelexec
-installed); a stub there (kernelexec/_charts.py) registers two IPython formatters and runs this
-file only when one is first needed (compiling it costs ~15 ms: not at each start). A matplotlib
+installed); a stub there (kernelexec/_charts.py) wraps IPython's display formatter and runs this
+file only when it is first needed (compiling it costs ~15 ms: not at each start). A matplotlib
 figure shown by a block also carries ``application/vnd.kernelexec.chart+json`` (per axes: the
 chart type, title, labels, scales, limits, legend and each series' data up to a bound, with the
 true count) and a DataFrame ``application/vnd.kernelexec.table+json`` (shape, dtypes, head and
-tail, a summary per column). Plotly and Altair figures give their own specs through the chart
-output. Nothing here may fail a block: any error becomes a document that says so. Nothing is
-imported until a figure or a frame is shown (the formatters are registered by type name), and
-matplotlib's ``hist`` and ``bxp`` are wrapped when matplotlib is imported (an import hook),
-to keep what a histogram's bins or a box's quartiles were: they cannot be read back from bars
-and lines reliably.
+tail, a summary per column). Altair charts (and Plotly figures formatted by IPython: a Plotly
+figure usually displays itself, with its own JSON) give their own specs in the chart document.
+Nothing here may fail a block: any error becomes a document that says so. Nothing is imported
+until a figure or a frame is shown (classes are matched by name), and matplotlib's ``hist`` and
+``bxp`` are wrapped when matplotlib is imported (an import hook), to keep what a histogram's
+bins or a box's quartiles were: they cannot be read back from bars and lines reliably.
 
 The host reads these documents as untrusted data (kernelexec/_charts.py): the bounds here keep
 honest documents small, they guard nothing.

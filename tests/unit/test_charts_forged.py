@@ -134,3 +134,17 @@ def test_the_live_view_says_charts_and_tables_in_a_line() -> None:
         "[text/html]",
         "[table: 2 rows x 1 columns: k int64 1-2]",
     ]
+
+
+def test_plotly_and_vega_lite_payloads_of_their_own_are_said_too(tmp_path: Path) -> None:
+    plotly = {"data": [{"type": "bar"}], "layout": {"title": {"text": "P\n"}}}
+    vega = {"mark": "line", "encoding": {"x": {"field": 5}, "y": {"field": "b"}}}
+    output = collect(
+        tmp_path,
+        {"application/vnd.plotly.v1+json": plotly, "application/vnd.vegalite.v5+json": vega},
+    )
+    assert (
+        output
+        == '[chart: plotly "P": 1 traces (bar); saved to outputs/cell1-1.plotly.json]\n'
+        + ("[application/vnd.vegalite.v5+json saved to outputs/cell1-1.vl.json]")
+    )
