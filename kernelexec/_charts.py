@@ -271,7 +271,8 @@ def _spec_summary(library: str, doc: dict[str, Any]) -> str:
         layout = _dict(spec.get("layout"))
         title = _quoted(_dict(layout.get("title")).get("text") or layout.get("title"))
         named = f" {title}" if title else ""
-        return f"plotly{named}: {len(traces)} traces ({', '.join(kinds[:_MAX_ITEMS])})"
+        listed = f" ({', '.join(kinds[:_MAX_ITEMS])})" if kinds else ""
+        return f"plotly{named}: {_many(len(traces), 'trace')}{listed}"
     mark = spec.get("mark")
     mark_text = _text(_dict(mark).get("type") if isinstance(mark, dict) else mark) or "layered"
     encoding = _dict(spec.get("encoding"))

@@ -266,7 +266,7 @@ def test_seaborn_plotly_and_altair_where_the_kernel_has_them(ex: KernelExecutor)
     assert hist["type"] == "histogram" and sum(hist["series"][0]["y"]) == 4
     assert bar["series"][0]["x"] == ["a", "b", "c"] and bar["series"][0]["y"] == [20, 20, 5]
     r = ex.execute("go.Figure([go.Bar(x=['a', 'b'], y=[1, 2])], layout={'title': {'text': 'P'}})")
-    assert r.ok and '[chart: plotly "P": 1 traces (bar); saved to outputs/' in r.output, r.output
+    assert r.ok and '[chart: plotly "P": 1 trace (bar); saved to outputs/' in r.output, r.output
     r = ex.execute("alt.Chart(tips).mark_bar().encode(x='day', y='bill').properties(title='V')")
     (spec,) = documents(r, CHART_MIME)
     assert spec["library"] == "vega-lite" and spec["spec"]["mark"]["type"] == "bar"

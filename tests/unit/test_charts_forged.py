@@ -145,6 +145,6 @@ def test_plotly_and_vega_lite_payloads_of_their_own_are_said_too(tmp_path: Path)
     )
     assert (
         output
-        == '[chart: plotly "P": 1 traces (bar); saved to outputs/cell1-1.plotly.json]\n'
+        == '[chart: plotly "P": 1 trace (bar); saved to outputs/cell1-1.plotly.json]\n'
         + ("[application/vnd.vegalite.v5+json saved to outputs/cell1-1.vl.json]")
     )
