@@ -6,6 +6,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from kx_docker_helpers import require_runtime
 
 from kernelexec import DockerKernel, KernelExecutor
 from kernelexec._charts import CHART_MIME, TABLE_MIME
@@ -13,10 +14,15 @@ from kernelexec._charts import CHART_MIME, TABLE_MIME
 pytestmark = pytest.mark.docker
 
 
+@pytest.mark.parametrize(
+    "runtime", [None, pytest.param("runsc", marks=pytest.mark.gvisor)], ids=["runc", "runsc"]
+)
 def test_the_docker_kernel_gives_chart_and_table_documents(
-    docker_client: docker.DockerClient, tmp_path: Path
+    docker_client: docker.DockerClient, tmp_path: Path, runtime: str | None
 ) -> None:
-    with KernelExecutor(backend=DockerKernel(), work_dir=tmp_path, timeout=120) as ex:
+    require_runtime(docker_client, runtime)
+    backend = DockerKernel(runtime=runtime)
+    with KernelExecutor(backend=backend, work_dir=tmp_path, timeout=120) as ex:
         r = ex.execute(
             "import matplotlib.pyplot as plt, pandas as pd\n"
             "fig, (a, b) = plt.subplots(1, 2)\n"
