@@ -29,6 +29,7 @@ VERSION = 1
 MAX_POINTS = 200  # values kept per series (evenly spread over it); the true count is given
 MAX_SERIES = 20  # per axes
 MAX_AXES = 12
+MAX_FIGURE_VALUES = 20_000  # x and y values kept over all a figure's series (at least 10 each)
 MAX_TEXT = 200  # characters of a title, label, category or cell
 MAX_SPEC = 256 * 1024  # characters of a Plotly / Vega-Lite spec kept
 MAX_COLUMNS = 50  # columns a table document describes
@@ -228,7 +229,22 @@ def matplotlib_chart(figure):
         "axes_count": len(axes),
         "axes": [_axes_doc(ax) for ax in axes[:MAX_AXES]],
     }
+    _fit(doc)
     return doc
+
+
+def _fit(doc):
+    """Thin every series so the whole figure keeps about MAX_FIGURE_VALUES values: twelve axes
+    of twenty long lines would otherwise pass the host's 1 MiB inline limit and be left out."""
+    series = [s for ax in doc["axes"] for s in ax["series"]]
+    per = min(MAX_POINTS, max(10, MAX_FIGURE_VALUES // max(1, 2 * len(series))))
+    for one in series:
+        for key in ("x", "y"):
+            values = one.get(key)
+            if values is not None and len(values) > per:
+                last = len(values) - 1
+                one[key] = [values[round(i * last / (per - 1))] for i in range(per)]
+                one["sampled"] = True
 
 
 def _axes_doc(ax):

@@ -168,6 +168,23 @@ def test_a_million_points_are_bounded_and_counted(ex: KernelExecutor) -> None:
     assert "(1000000 points)" in r.output
 
 
+def test_many_long_series_are_thinned_to_fit(ex: KernelExecutor) -> None:
+    r = ex.execute(
+        "fig, axs = plt.subplots(3, 4)\n"
+        "for ax in axs.flat:\n"
+        "    for k in range(20): ax.plot(np.arange(5000), np.arange(5000) * k)\n"
+        "plt.show()"
+    )
+    assert r.ok, r.output
+    (doc,) = documents(r, CHART_MIME)
+    series = [s for ax in doc["axes"] for s in ax["series"]]
+    assert len(series) == 240 and all(s["count"] == 5000 and s["sampled"] for s in series)
+    assert all(len(s["x"]) == len(s["y"]) == 41 for s in series)
+    assert series[-1]["x"][0] == 0 and series[-1]["x"][-1] == 4999
+    assert series[-1]["y_range"] == [0, 4999 * 19]
+    assert len(json.dumps(doc)) < 400_000
+
+
 def test_an_unknown_chart_type_gives_the_image_and_says_so(ex: KernelExecutor) -> None:
     r = ex.execute("plt.fill_between([0, 1, 2], [0, 1, 0]); plt.show()")
     assert r.ok, r.output
