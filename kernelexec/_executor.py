@@ -77,6 +77,9 @@ class ExecutorOptions:
     #: list, see ``_guard``) before running a block: a guard-rail against an LLM's careless
     #: command, not a sandbox (a determined block gets past it)
     refuse_dangerous: bool = False
+    #: a kernel also gives each matplotlib figure (and Plotly / Altair chart) shown as a chart
+    #: document and each DataFrame as a table document, summed up in ``output`` (docs/charts.md)
+    charts: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +205,7 @@ class AsyncExecutor(ABC):
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
         refuse_dangerous: bool = False,
+        charts: bool = True,
     ) -> None:
         self.options = ExecutorOptions(
             timeout=check_timeout(timeout),
@@ -212,6 +216,7 @@ class AsyncExecutor(ABC):
             # an empty name is a mistake, not a way to say it.
             outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
             refuse_dangerous=bool(refuse_dangerous),
+            charts=bool(charts),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
