@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         GatewayUnavailable,
         ImageNotFound,
         InvalidBlock,
+        InvalidNetworkPolicy,
         InvalidPath,
         InvalidTimeout,
         InvalidWorkDir,
@@ -50,10 +51,11 @@ if TYPE_CHECKING:
     from ._extract import MarkdownCodeExtractor, extract_code_blocks, normalize_language
     from ._files import FileEntry
     from ._kernel import AsyncKernelExecutor, KernelExecutor
+    from ._network import NetworkPolicy
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
     from ._render import LiveDisplay
-    from ._types import CodeBlock, ErrorInfo, ExecutionResult
+    from ._types import CodeBlock, ErrorInfo, ExecutionResult, NetworkEvent
     from ._version import __version__
     from .backends._docker_options import DockerOptions
     from .backends._sandbox import SandboxOptions
@@ -111,6 +113,9 @@ _LAZY: dict[str, str] = {
     "InvalidBlock": "._errors",
     "InvalidPath": "._errors",
     "InvalidTimeout": "._errors",
+    "InvalidNetworkPolicy": "._errors",
+    "NetworkPolicy": "._network",
+    "NetworkEvent": "._types",
     "InvalidWorkDir": "._errors",
     "KernelBackend": ".backends.base",
     "KernelDied": "._errors",
@@ -184,6 +189,7 @@ __all__ = [
     "GatewayUnavailable",
     "ImageNotFound",
     "InvalidBlock",
+    "InvalidNetworkPolicy",
     "InvalidPath",
     "InvalidTimeout",
     "InvalidWorkDir",
@@ -197,6 +203,8 @@ __all__ = [
     "LocalCommand",
     "LocalKernel",
     "MarkdownCodeExtractor",
+    "NetworkEvent",
+    "NetworkPolicy",
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",
