@@ -223,7 +223,9 @@ class EgressProxy:
         try:
             loop.run_forever()
         finally:
-            self._server = None
+            server, self._server = self._server, None
+            if server is not None:
+                server.close()
             for task in asyncio.all_tasks(loop):
                 task.cancel()
             with contextlib.suppress(BaseException):
@@ -726,6 +728,8 @@ class EgressRelay:
             self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._stream.close()
+        with contextlib.suppress(OSError):
+            self._raw.close()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 

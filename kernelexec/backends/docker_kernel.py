@@ -174,6 +174,13 @@ else:
 listener.listen(4)
 threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
 
+if os.environ.get("PIP_USER"):
+    # An egress policy lets pip install into the user site (HOME=/tmp): a folder missing when
+    # the interpreter started is never looked at again, so make it and put it on the path now.
+    import site
+    os.makedirs(site.getusersitepackages(), exist_ok=True)
+    site.addsitedir(site.getusersitepackages())
+
 sys.argv = ["ipykernel_launcher", "-f", os.path.join(runtime, "kernel.json")]
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()
