@@ -482,14 +482,15 @@ def tls_server_name(data: bytes) -> str | None:
 class Egress:
     """One session's egress: its proxy (restarted when found dead), its log, its relays."""
 
-    def __init__(self, policy: NetworkPolicy, *, socket_owner: tuple[int, int] | None = None):
+    def __init__(self, policy: NetworkPolicy, *, shared: bool = False) -> None:
         self.policy = policy
         self.log = EgressLog(policy.max_log_entries)
-        # A private folder: only this process (and ``socket_owner``, a sandbox's uid) gets in.
+        # A private folder (0700): only this process gets in, unless ``shared`` with a sandbox.
         self.folder = Path(tempfile.mkdtemp(prefix="kernelexec-egress-"))
-        if socket_owner is not None:
-            os.chown(self.folder, *socket_owner)
-            os.chmod(self.folder, 0o700)
+        if shared:
+            # A sandbox's user connects to the socket (0666) but may not list, add or remove
+            # anything in the folder (root's, 0711).
+            os.chmod(self.folder, 0o711)
         self.socket_path = self.folder / "proxy.sock"
         self._lock = threading.Lock()
         self._proxy = EgressProxy(policy, self.socket_path, self.log)
@@ -831,11 +832,30 @@ def _close(conn: socket.socket) -> None:
 
 
 # -- bubblewrap: the sandbox's loopback port to the proxy's socket bound inside ------------------
-SOCKET_RELAY_SCRIPT = r"""
+# Runs inside the sandbox (``python -I -S -c SANDBOX_LAUNCHER SOCKET PORT MAX argv...``): binds
+# the loopback port, forks the relay (its stdio closed: the block's output must end with the
+# block), and execs ``argv``. The relay ends with the sandbox (its pid namespace).
+SANDBOX_LAUNCHER = r"""
 import os, socket, sys, threading
-port, path, limit = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+path, port, limit, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+if os.environ.get("PIP_USER"):
+    # pip installs into the user site: a folder missing when the interpreter starts is never
+    # looked at again (the kernel's), so it exists from the start
+    os.makedirs(os.path.expanduser(
+        "~/.local/lib/python%d.%d/site-packages" % sys.version_info[:2]), exist_ok=True)
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port))
+listener.listen(128)
+if os.fork():
+    listener.close()
+    os.execvp(argv[0], argv)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
 active = [0]
 lock = threading.Lock()
+REFUSED = b"kernelexec: the egress proxy is not running\n"
 
 def pump(src, dst):
     try:
@@ -853,25 +873,21 @@ def serve(conn):
     try:
         up.connect(path)
     except OSError:
-        body = b"kernelexec: the egress proxy is not running\n"
         head = b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
-        conn.sendall(head % len(body) + body)
-        conn.close()
-        up.close()
+        try:
+            conn.sendall(head % len(REFUSED) + REFUSED)
+        except OSError:
+            pass
     else:
         t = threading.Thread(target=pump, args=(up, conn), daemon=True)
         t.start()
         pump(conn, up)
         t.join()
-        conn.close()
-        up.close()
+    conn.close()
+    up.close()
     with lock:
         active[0] -= 1
 
-listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-listener.bind(("127.0.0.1", port))
-listener.listen(128)
 while True:
     conn, _ = listener.accept()
     with lock:
@@ -883,3 +899,10 @@ while True:
         continue
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 """
+
+
+def sandbox_argv(egress: Egress, argv: list[str], python: str) -> list[str]:
+    """``argv`` behind ``SANDBOX_LAUNCHER`` (run by ``python``, in the sandbox)."""
+    limit = str(egress.policy.max_connections * 2)
+    launcher = [python, "-I", "-S", "-c", SANDBOX_LAUNCHER, str(egress.socket_path)]
+    return [*launcher, str(PROXY_PORT), limit, *argv]

@@ -33,6 +33,27 @@ PAIRS = [
     for kind in ("docker-command", "docker-kernel")
 ]
 PACKAGE = "kxegressdemo"
+#: what the code tries besides the allowed index (@PORT@: the other listener's)
+ESCAPES = (
+    "import socket, urllib.request\n"
+    "for url in ['http://127.0.0.1:@PORT@/', 'http://10.20.30.40/',"
+    " 'http://169.254.169.254/latest/meta-data/']:\n"
+    "    try:\n"
+    "        urllib.request.urlopen(url, timeout=30)\n"
+    "        print('REACHED', url)\n"
+    "    except Exception as exc:\n"
+    "        print('failed', url, exc)\n"
+    "try:\n"
+    "    socket.getaddrinfo('exfil-kx.example.org', 80)\n"
+    "    print('RESOLVED')\n"
+    "except OSError as exc:\n"
+    "    print('no dns', exc)\n"
+    "try:\n"  # no route at all but the proxy: a direct connection has nowhere to go
+    "    socket.create_connection(('10.20.30.40', 80), timeout=5)\n"
+    "    print('DIRECT')\n"
+    "except OSError as exc:\n"
+    "    print('no direct', exc)\n"
+)
 
 
 def _wheel(folder: Path) -> Path:
@@ -124,26 +145,7 @@ def test_pip_installs_from_the_allowed_index(executor: Any, index: tuple[int, in
 
 
 def test_everything_else_fails_and_is_logged(executor: Any, index: tuple[int, int]) -> None:
-    code = (
-        "import socket, urllib.request\n"
-        "for url in ['http://127.0.0.1:%d/', 'http://10.20.30.40/',"
-        " 'http://169.254.169.254/latest/meta-data/']:\n"
-        "    try:\n"
-        "        urllib.request.urlopen(url, timeout=30)\n"
-        "        print('REACHED', url)\n"
-        "    except Exception as exc:\n"
-        "        print('failed', url, exc)\n"
-        "try:\n"
-        "    socket.getaddrinfo('exfil-kx.example.org', 80)\n"
-        "    print('RESOLVED')\n"
-        "except OSError as exc:\n"
-        "    print('no dns', exc)\n"
-        "try:\n"  # no route at all but the proxy: a direct connection has nowhere to go
-        "    socket.create_connection(('10.20.30.40', 80), timeout=5)\n"
-        "    print('DIRECT')\n"
-        "except OSError as exc:\n"
-        "    print('no direct', exc)\n"
-    ) % index[1]
+    code = ESCAPES.replace("@PORT@", str(index[1]))
     result = executor.execute(code)
     assert "REACHED" not in result.output and "RESOLVED" not in result.output, result.output
     assert "DIRECT" not in result.output and "no dns" in result.output, result.output
