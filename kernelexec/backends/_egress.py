@@ -31,7 +31,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,18 @@ _PROXY_DOWN = (
     "the egress proxy was not running (it is restarted now: try again); "
     "kernelexec reported this, the code's request never left the host"
 )
+
+
+def sandbox_environment(egress: Egress, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` plus the proxy's variables, for a bubblewrap sandbox. Its interpreter is the
+    host's, often a virtualenv (no user site), so pip installs into a folder of the sandbox's
+    private /tmp (``PIP_TARGET``) that the code's Python finds first; named after the egress
+    folder, so no host path of that name is bound there (PYTHONPATH's folders are shown)."""
+    proxy = proxy_environment(egress.policy)
+    del proxy["PIP_USER"]
+    site = f"/tmp/{egress.folder.name}-site"
+    path = [site, *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, **proxy, "PIP_TARGET": site, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def proxy_environment(policy: NetworkPolicy) -> dict[str, str]:
@@ -502,17 +514,18 @@ class Egress:
     def proxy(self) -> EgressProxy:
         return self._proxy
 
-    def ensure_running(self) -> None:
-        """Restart the proxy when it is found dead (called before each block and on a
-        connection that found it so)."""
+    def ensure_running(self) -> bool:
+        """Restart the proxy when it is found dead (after each block, and at once when a
+        relayed connection found it so); True when it was restarted."""
         with self._lock:
             if self._proxy.alive:
-                return
+                return False
             log.warning("kernelexec: the egress proxy had stopped; restarting it")
             self._proxy.stop()
             self._proxy = EgressProxy(self.policy, self.socket_path, self.log)
             self._proxy.start()
             self.restarts += 1
+            return True
 
     def connect(self) -> socket.socket | None:
         """A connection to the proxy for one relayed connection; None (logged as a refusal,
@@ -525,16 +538,7 @@ class Egress:
             return sock
         except OSError:
             sock.close()
-        self.log.add(
-            _Record(
-                host="(proxy)",
-                port=PROXY_PORT,
-                method="-",
-                allowed=False,
-                reason=_PROXY_DOWN,
-                ended=time.time(),
-            )
-        )
+        self.log.add(_down_record())
         threading.Thread(target=self.ensure_running, daemon=True).start()
         return None
 
@@ -554,9 +558,11 @@ class Egress:
     def take_log(self) -> list[NetworkEvent]:
         """The block's attempts; a proxy found dead meanwhile is restarted (the block's code saw
         its requests refused saying so)."""
-        events = self.log.take()
-        self.ensure_running()
-        return events
+        if self.ensure_running():
+            # Found dead after the block: a sandbox's relay met the closed socket (and told the
+            # code so); the block's log says it too.
+            self.log.add(_down_record())
+        return self.log.take()
 
     def add_relay(self, key: str, relay: EgressRelay) -> None:
         with self._lock:
@@ -578,6 +584,17 @@ class Egress:
             relay.close()
         self._proxy.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _down_record() -> _Record:
+    return _Record(
+        host="(proxy)",
+        port=PROXY_PORT,
+        method="-",
+        allowed=False,
+        reason=_PROXY_DOWN,
+        ended=time.time(),
+    )
 
 
 # -- the Docker relay: the container's loopback port to the proxy, over one exec ----------------
@@ -838,11 +855,10 @@ def _close(conn: socket.socket) -> None:
 SANDBOX_LAUNCHER = r"""
 import os, socket, sys, threading
 path, port, limit, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-if os.environ.get("PIP_USER"):
-    # pip installs into the user site: a folder missing when the interpreter starts is never
-    # looked at again (the kernel's), so it exists from the start
-    os.makedirs(os.path.expanduser(
-        "~/.local/lib/python%d.%d/site-packages" % sys.version_info[:2]), exist_ok=True)
+if os.environ.get("PIP_TARGET"):
+    # pip installs there: a folder on the path that is missing when the interpreter starts is
+    # never looked at again (the kernel's), so it exists from the start
+    os.makedirs(os.environ["PIP_TARGET"], exist_ok=True)
 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 listener.bind(("127.0.0.1", port))

@@ -22,7 +22,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._types import NetworkEvent
 from ._containment import Jail
-from ._egress import Egress, proxy_environment, sandbox_argv
+from ._egress import Egress, sandbox_argv, sandbox_environment
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
@@ -55,7 +55,7 @@ class SandboxedCommand(LocalCommand):
         egress = self._egress.get()
         if egress is not None:
             argv = sandbox_argv(egress, list(argv), sys.executable)
-            env = {**env, **proxy_environment(egress.policy)}
+            env = sandbox_environment(egress, env)
         readable = [egress.folder] if egress is not None else []
         wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env, readable=readable)
         return await super().run(
@@ -157,7 +157,7 @@ class SandboxedKernel(LocalKernel):
         readable = []
         if egress is not None:
             inner = sandbox_argv(egress, inner, python)
-            env.update(proxy_environment(egress.policy))
+            env = sandbox_environment(egress, env)
             readable.append(egress.folder)
         argv = bwrap_argv(
             self.sandbox,

@@ -10,6 +10,7 @@ upload. Each refusal must be in the log, with a reason.
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import ssl
 import threading
@@ -17,8 +18,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kx_egress import ESCAPES, PACKAGE, install_code, served_index
 
-from kernelexec import DockerOptions, InvalidNetworkPolicy, KernelExecError, NetworkPolicy
+from kernelexec import (
+    BackendUnavailable,
+    DockerOptions,
+    InvalidNetworkPolicy,
+    KernelExecError,
+    NetworkPolicy,
+    SandboxOptions,
+    make_executor,
+)
+from kernelexec.backends import _sandbox
 from kernelexec.backends._egress import Egress, tls_server_name
 
 pytestmark = [pytest.mark.adversarial]
@@ -243,3 +254,58 @@ def _client_hello(name: str) -> bytes:
     with pytest.raises(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
+
+
+# -- the bubblewrap sandboxes: the same policy, the proxy's socket bound inside ------------------
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    with served_index(tmp_path_factory.mktemp("index")) as ports:
+        yield ports
+
+
+@pytest.fixture(scope="module", params=["sandboxed-kernel", "sandboxed-command"])
+def sandboxed(
+    request: pytest.FixtureRequest,
+    index: tuple[int, int],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
+    try:
+        _sandbox.check_sandbox()
+    except BackendUnavailable as exc:
+        if os.environ.get("KERNELEXEC_REQUIRE_SANDBOX") == "1":
+            raise
+        pytest.skip(str(exc))
+    sandbox = SandboxOptions(network=NetworkPolicy(allow=[f"127.0.0.1:{index[0]}"]))
+    work = tmp_path_factory.mktemp(request.param)
+    with make_executor(request.param, work_dir=work, timeout=90, sandbox=sandbox) as ex:
+        yield ex
+
+
+def test_pip_installs_in_a_sandbox(sandboxed: Any, index: tuple[int, int]) -> None:
+    # One block: a sandboxed command's /tmp (its HOME, the user site) is the block's own.
+    use = f"import {PACKAGE}; print('answer', {PACKAGE}.ANSWER)\n"
+    result = sandboxed.execute(install_code(index[0]) + use)
+    assert "pip exit 0" in result.output and "answer 42" in result.output, result.output
+    assert any(e.allowed and e.port == index[0] for e in result.network_log)
+
+
+def test_everything_else_fails_in_a_sandbox(sandboxed: Any, index: tuple[int, int]) -> None:
+    result = sandboxed.execute(ESCAPES.replace("@PORT@", str(index[1])))
+    assert "REACHED" not in result.output and "RESOLVED" not in result.output, result.output
+    assert "DIRECT" not in result.output and "no dns" in result.output, result.output
+    refused = {(e.host, e.port) for e in result.network_log if not e.allowed}
+    assert {("127.0.0.1", index[1]), ("10.20.30.40", 80), ("169.254.169.254", 80)} <= refused
+    assert not any(e.allowed for e in result.network_log)
+
+
+def test_a_dead_proxy_is_said_in_a_sandbox(sandboxed: Any, index: tuple[int, int]) -> None:
+    egress = sandboxed.aio.backend._egress.get()
+    egress.proxy.stop()
+    url = f"http://127.0.0.1:{index[0]}/simple/{PACKAGE}/"
+    fetch = f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=30).status)\n"
+    down = sandboxed.execute(fetch)
+    assert down.exit_code != 0 and "egress proxy was not running" in down.output, down.output
+    assert any("egress proxy was not running" in e.reason for e in down.network_log)
+    assert egress.proxy.alive
+    again = sandboxed.execute(fetch)
+    assert again.exit_code == 0 and "200" in again.output, again.output
