@@ -83,8 +83,29 @@ def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 f"not {name!r}"
             )
         options["runtime"] = runtime
+    options.update(_network(args, name))
     executor_entry(name)  # an unknown name is refused here, before anything is made
     return name, options
+
+
+def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """``--allow HOST[:PORT]`` (repeatable): the isolating back ends' egress allowlist."""
+    allow = getattr(args, "allow", None)
+    if not allow:
+        return {}
+    from ._network import NetworkPolicy  # a bad entry: InvalidNetworkPolicy, said plainly
+
+    policy = NetworkPolicy(allow=allow)
+    if name.startswith("docker-"):
+        return {"network": policy}
+    if name in _SANDBOXED.values():
+        from .backends._sandbox import SandboxOptions
+
+        return {"sandbox": SandboxOptions(network=policy)}
+    raise UsageError(
+        "--allow applies to the isolating back ends (docker-kernel, docker-command, or a local "
+        f"one with --sandbox), not {name!r}: a local back end's code has the host's network"
+    )
 
 
 _SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
@@ -395,6 +416,14 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         "--sandbox",
         action="store_true",
         help="run a local back end in a bubblewrap sandbox (no network, read-only host)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST[:PORT]",
+        help="let the code reach HOST (a name, *.name or an IP address; ports 80 and 443 "
+        "unless given) through kernelexec's egress proxy; repeat for more. The docker-* "
+        "executors and --sandbox only; everything else stays unreachable",
     )
     parser.add_argument(
         "--runtime",

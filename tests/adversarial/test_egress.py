@@ -309,3 +309,39 @@ def test_a_dead_proxy_is_said_in_a_sandbox(sandboxed: Any, index: tuple[int, int
     assert egress.proxy.alive
     again = sandboxed.execute(fetch)
     assert again.exit_code == 0 and "200" in again.output, again.output
+
+
+def test_a_policy_keeps_the_container_off_every_network() -> None:
+    from kernelexec.backends._docker import container_env, container_kwargs
+
+    policy = NetworkPolicy(allow=["pypi.org"])
+    options = DockerOptions(network=policy, environment={"HTTPS_PROXY": "http://evil:1"})
+    kwargs = container_kwargs(options, labels={})
+    assert kwargs["network_mode"] == "none" and kwargs["dns"] == ["127.0.0.1"]
+    env = container_env(options)
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128"  # the policy's proxy wins
+    assert env["NO_PROXY"] == "localhost,127.0.0.1,::1"
+    assert DockerOptions(network="all").full_network and not options.full_network
+    assert container_kwargs(DockerOptions(network="all"), labels={}).get("network_mode") is None
+
+
+def _kx(*args: str, stdin: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "kernelexec", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_refuses_allow_where_it_cannot_hold(tmp_path: Any) -> None:
+    message = "```python\nprint('ran')\n```\n"
+    local = _kx("run", "-", "--executor", "kernel", "--allow", "pypi.org", stdin=message)
+    assert local.returncode == 2 and "--allow applies to the isolating back ends" in local.stderr
+    bad = _kx("run", "-", "--executor", "docker-command", "--allow", "http://x.org", stdin=message)
+    assert bad.returncode != 0 and "is not a host" in bad.stderr, bad.stderr
+    assert "ran" not in bad.stdout + local.stdout

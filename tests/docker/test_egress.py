@@ -90,3 +90,23 @@ def test_a_dead_proxy_is_said_and_restarted(executor: Any, index: tuple[int, int
     assert egress.proxy.alive and egress.restarts == 1  # restarted after that block
     again = executor.execute(fetch)
     assert again.exit_code == 0 and "200" in again.output, again.output
+
+
+def test_the_cli_allows_a_host(docker_client: docker.DockerClient, index: tuple[int, int]) -> None:
+    import subprocess
+    import sys
+
+    url = f"http://127.0.0.1:{index[0]}/simple/{PACKAGE}/"
+    message = (
+        f"```python\nimport urllib.request\nprint(urllib.request.urlopen({url!r}).status)\n```\n"
+    )
+    argv = ["run", "-", "--executor", "docker-command", "--allow", f"127.0.0.1:{index[0]}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelexec", *argv, "--json"],
+        input=message,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "200" in proc.stdout and '"network_log"' in proc.stdout, proc.stdout
