@@ -78,6 +78,9 @@ class NetworkPolicy:
     max_log_entries: int = 1000
     #: seconds the proxy waits for a name to resolve and a connection to open
     connect_timeout: float = 10.0
+    #: requirements (``"pandas==2.2.*"``) pip installs when the session starts, from the index
+    #: the host's pip is configured with: its hosts are allowed for that step only
+    packages: Sequence[str] = ()
     rules: tuple[AllowRule, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +91,15 @@ class NetworkPolicy:
         entries = tuple(self.allow)
         object.__setattr__(self, "allow", entries)
         object.__setattr__(self, "rules", tuple(parse_entry(e) for e in entries))
+        if isinstance(self.packages, str):
+            raise InvalidNetworkPolicy(f"packages= takes a list: packages=[{self.packages!r}]")
+        object.__setattr__(self, "packages", tuple(self.packages))
+        for requirement in self.packages:
+            # never an option: "--index-url=..." would send pip elsewhere
+            if not isinstance(requirement, str) or not re.match(r"^[A-Za-z0-9]", requirement):
+                raise InvalidNetworkPolicy(
+                    f"{requirement!r} is not a requirement (a name, with a version if wanted)"
+                )
         for name in ("max_connections", "max_upload_bytes", "max_log_entries"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,6 +117,7 @@ class NetworkPolicy:
             max_upload_bytes=self.max_upload_bytes,
             max_log_entries=self.max_log_entries,
             connect_timeout=self.connect_timeout,
+            packages=self.packages,
         )
 
     def check_request(self, host: str, port: int) -> str | None:

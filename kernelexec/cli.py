@@ -90,21 +90,27 @@ def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """``--allow HOST[:PORT]`` (repeatable): the isolating back ends' egress allowlist."""
-    allow = getattr(args, "allow", None)
-    if not allow:
+    allow = getattr(args, "allow", None) or []
+    packages = [
+        p.strip() for item in getattr(args, "packages", None) or [] for p in item.split(",")
+    ]
+    if not allow and not packages:
         return {}
     from ._network import NetworkPolicy  # a bad entry: InvalidNetworkPolicy, said plainly
 
-    policy = NetworkPolicy(allow=allow)
+    policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p])
     if name.startswith("docker-"):
         return {"network": policy}
+    if packages and name in _SANDBOXED.values():
+        raise UsageError("--packages applies to the docker-* executors (not yet --sandbox)")
     if name in _SANDBOXED.values():
         from .backends._sandbox import SandboxOptions
 
         return {"sandbox": SandboxOptions(network=policy)}
     raise UsageError(
-        "--allow applies to the isolating back ends (docker-kernel, docker-command, or a local "
-        f"one with --sandbox), not {name!r}: a local back end's code has the host's network"
+        "--allow and --packages apply to the isolating back ends (docker-kernel, "
+        f"docker-command, or a local one with --sandbox), not {name!r}: a local back end's "
+        "code has the host's network"
     )
 
 
@@ -424,6 +430,13 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         help="let the code reach HOST (a name, *.name or an IP address; ports 80 and 443 "
         "unless given) through kernelexec's egress proxy; repeat for more. The docker-* "
         "executors and --sandbox only; everything else stays unreachable",
+    )
+    parser.add_argument(
+        "--packages",
+        action="append",
+        metavar="REQ[,REQ...]",
+        help="pip-install these at session start (docker-* executors), from the index the "
+        "host's pip uses, whose hosts are allowed for that step only",
     )
     parser.add_argument(
         "--runtime",

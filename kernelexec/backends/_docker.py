@@ -28,7 +28,13 @@ import docker.types
 import requests.exceptions
 
 from .._door import Door
-from .._errors import DockerConfigError, DockerUnavailable, ImageNotFound, KernelExecError
+from .._errors import (
+    BackendUnavailable,
+    DockerConfigError,
+    DockerUnavailable,
+    ImageNotFound,
+    KernelExecError,
+)
 from .._types import NetworkEvent
 from .._version import __version__
 from .._workdir import INTERNAL_DIR
@@ -52,6 +58,7 @@ from ._egress import (
     RELAY_USER,
     Egress,
     EgressRelay,
+    host_index,
     proxy_environment,
 )
 from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
@@ -555,6 +562,28 @@ class ContainerHandle:
         self.egress.add_relay(container.id, relay)
         if not relay.wait_listening(30):
             raise DockerUnavailable("the container's egress relay did not start listening")
+        if self.egress.policy.packages:
+            self._install_packages(container, self.egress)
+
+    def _install_packages(self, container: Any, egress: Egress) -> None:
+        """pip installs the policy's packages into the container user's site, through the
+        proxy, its index's hosts allowed for this step only (no code of the session runs yet).
+        Its connections are in the next block's ``network_log``."""
+        url, hosts = host_index()
+        argv = ["python3", "-m", "pip", "install", "-q", "--index-url", url]
+        env = container_env(self.options, {"PIP_INDEX_URL": url})
+        with egress.widened(hosts):
+            created = self._api().exec_create(
+                container.id, [*argv, *egress.policy.packages], environment=env, workdir=WORKSPACE
+            )
+            output = self._api().exec_start(created["Id"])
+            code = self._api().exec_inspect(created["Id"]).get("ExitCode")
+        if code != 0:
+            text = output.decode("utf-8", "replace") if isinstance(output, bytes) else str(output)
+            raise BackendUnavailable(
+                f"installing the packages {list(egress.policy.packages)} from {url} failed "
+                f"(pip exit status {code}):\n{text[-3000:]}"
+            )
 
     def _write_marker(self) -> Path:
         """A file in the work dir the new container must see (else its mount is the wrong one)."""

@@ -28,13 +28,16 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._network import Address, NetworkPolicy, normalize_name, parse_address
 from .._types import NetworkEvent
@@ -98,6 +101,29 @@ def proxy_environment(policy: NetworkPolicy) -> dict[str, str]:
     for name in ("NO_PROXY", "no_proxy"):
         env[name] = no_proxy
     return env
+
+
+def host_index() -> tuple[str, list[str]]:
+    """The package index the host's pip uses (``PIP_INDEX_URL``, else its configuration, else
+    PyPI) and the allowlist entries its downloads need."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            url = proc.stdout.strip() if proc.returncode == 0 else ""
+    url = url or "https://pypi.org/simple"
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or "pypi.org"
+    hosts = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if host == "pypi.org":
+        hosts.append("files.pythonhosted.org:443")  # where PyPI's files are
+    return url, hosts
 
 
 # -- the log ---------------------------------------------------------------------------------------
@@ -513,6 +539,17 @@ class Egress:
     @property
     def proxy(self) -> EgressProxy:
         return self._proxy
+
+    @contextlib.contextmanager
+    def widened(self, hosts: Sequence[str]) -> Iterator[None]:
+        """The policy plus ``hosts`` while the block runs (a session's package install, before
+        any code of the session's runs)."""
+        proxy = self._proxy
+        proxy.policy = self.policy.with_hosts(hosts)
+        try:
+            yield
+        finally:
+            proxy.policy = self.policy
 
     def ensure_running(self) -> bool:
         """Restart the proxy when it is found dead (after each block, and at once when a

@@ -341,7 +341,7 @@ def _kx(*args: str, stdin: str) -> Any:
 def test_the_cli_refuses_allow_where_it_cannot_hold(tmp_path: Any) -> None:
     message = "```python\nprint('ran')\n```\n"
     local = _kx("run", "-", "--executor", "kernel", "--allow", "pypi.org", stdin=message)
-    assert local.returncode == 2 and "--allow applies to the isolating back ends" in local.stderr
+    assert local.returncode == 2 and "--allow and --packages apply to the isolating" in local.stderr
     bad = _kx("run", "-", "--executor", "docker-command", "--allow", "http://x.org", stdin=message)
     assert bad.returncode != 0 and "is not a host" in bad.stderr, bad.stderr
     assert "ran" not in bad.stdout + local.stdout

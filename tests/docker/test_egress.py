@@ -110,3 +110,27 @@ def test_the_cli_allows_a_host(docker_client: docker.DockerClient, index: tuple[
     )
     assert proc.returncode == 0, proc.stderr
     assert "200" in proc.stdout and '"network_log"' in proc.stdout, proc.stdout
+
+
+def test_packages_install_at_start_and_their_index_stays_closed(
+    docker_client: docker.DockerClient,
+    index: tuple[int, int],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"http://127.0.0.1:{index[0]}/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", url)  # the host's pip's index
+    policy = NetworkPolicy(allow=[], packages=[PACKAGE])
+    with make_executor("docker-command", work_dir=tmp_path, timeout=90, network=policy) as ex:
+        used = ex.execute(f"import {PACKAGE}; print('answer', {PACKAGE}.ANSWER)")
+        assert "answer 42" in used.output, used.output
+        assert any(e.allowed and e.port == index[0] for e in used.network_log)  # the install's
+        # Through the proxy (NO_PROXY lists loopback: no loopback address is allowed).
+        fetch = (
+            "import os, urllib.request as u\n"
+            "os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''\n"
+            f"u.urlopen({url + '/'!r}, timeout=30)\n"
+        )
+        later = ex.execute(fetch)
+        assert later.exit_code != 0 and "Forbidden" in later.output, later.output
+        assert [e.allowed for e in later.network_log] == [False]
