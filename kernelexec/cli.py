@@ -813,7 +813,12 @@ def cmd_cluster_spec(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import as_json, matrix, run_doctor, targets
 
-    rows = run_doctor(targets(args.backend))
+    network = None
+    if args.allow:
+        from ._network import NetworkPolicy
+
+        network = NetworkPolicy(allow=args.allow)
+    rows = run_doctor(targets(args.backend, network=network))
     report = as_json(rows)
     print(json.dumps(report, indent=2) if args.json else matrix(rows))
     return 0 if report["ok"] else 1
@@ -830,6 +835,13 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     doctor.add_argument(
         "--backend", action="append", choices=BACKENDS, help="probe only this back end (repeatable)"
+    )
+    doctor.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST[:PORT]",
+        help="probe the isolating back ends under this egress allowlist (repeatable): the "
+        "doctor's own listeners must stay unreachable, directly and through the proxy",
     )
     doctor.set_defaults(func=cmd_doctor)
 
