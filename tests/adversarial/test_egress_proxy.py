@@ -345,3 +345,23 @@ def test_the_cli_refuses_allow_where_it_cannot_hold(tmp_path: Any) -> None:
     bad = _kx("run", "-", "--executor", "docker-command", "--allow", "http://x.org", stdin=message)
     assert bad.returncode != 0 and "is not a host" in bad.stderr, bad.stderr
     assert "ran" not in bad.stdout + local.stdout
+
+
+def test_the_mcp_server_takes_an_allowlist() -> None:
+    import argparse
+
+    from kernelexec._mcp.cli import add_mcp_command
+
+    parser = argparse.ArgumentParser()
+    add_mcp_command(parser.add_subparsers())
+    from kernelexec._mcp.cli import _hub_options
+
+    args = parser.parse_args(["mcp", "--executor", "docker-kernel", "--allow", "pypi.org"])
+    network = _hub_options(args).executor_options["network"]
+    assert isinstance(network, NetworkPolicy) and network.allow == ("pypi.org",)
+    args = parser.parse_args(["mcp", "--executor", "sandboxed-kernel", "--allow", "pypi.org"])
+    assert _hub_options(args).executor_options["sandbox"].egress_policy == network
+    for executor, entry in (("kernel", "pypi.org"), ("docker-kernel", "http://x.org")):
+        args = parser.parse_args(["mcp", "--executor", executor, "--allow", entry])
+        with pytest.raises(ValueError):
+            _hub_options(args)
