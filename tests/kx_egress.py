@@ -1,5 +1,6 @@
 """The egress tests' loopback world: a package index serving a wheel built here, and another
-listener the code must not reach (tests/docker/test_egress.py, tests/adversarial/test_egress_proxy.py).
+listener the code must not reach (tests/docker/test_egress.py and
+tests/adversarial/test_egress_proxy.py).
 """
 
 from __future__ import annotations
