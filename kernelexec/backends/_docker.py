@@ -542,6 +542,8 @@ class ContainerHandle:
                     self._attach_egress(container)
                 except BaseException:
                     force_remove(container)
+                    if self.egress is not None:
+                        self.egress.drop_relay(str(container.id))
                     raise
         finally:
             assert self.door is not None
@@ -557,7 +559,10 @@ class ContainerHandle:
 
         limit = str(self.egress.policy.max_connections * 2)
         argv = ["python3", "-I", "-S", "-c", EGRESS_RELAY_SCRIPT, str(PROXY_PORT), limit]
-        _, stream = _exec_start(self._api(), container.id, argv, {}, True, user=RELAY_USER)
+        # Never the code's own uid: the code must not be able to signal or trace the relay.
+        code_uid = self.options.resolved_user().partition(":")[0]
+        user = RELAY_USER if code_uid != RELAY_USER.partition(":")[0] else "65532:65532"
+        _, stream = _exec_start(self._api(), container.id, argv, {}, True, user=user)
         relay = EgressRelay(stream, frames_iter, self.egress.connect, self.egress.dns_refused)
         self.egress.add_relay(container.id, relay)
         if not relay.wait_listening(30):

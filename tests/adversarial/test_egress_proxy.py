@@ -68,6 +68,10 @@ def test_bad_network_settings_are_refused() -> None:
         DockerOptions(network="some")  # type: ignore[arg-type]
     with pytest.raises(InvalidNetworkPolicy, match="max_connections"):
         NetworkPolicy(allow=[], max_connections=0)
+    with pytest.raises(InvalidNetworkPolicy, match="not a requirement"):
+        NetworkPolicy(allow=[], packages=["--index-url=http://evil.example.org/simple"])
+    with pytest.raises(InvalidNetworkPolicy, match="a sandbox"):
+        SandboxOptions(network=NetworkPolicy(allow=[], packages=["rich"]))
 
 
 def test_entries_match_as_documented() -> None:
