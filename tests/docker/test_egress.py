@@ -134,3 +134,25 @@ def test_packages_install_at_start_and_their_index_stays_closed(
         later = ex.execute(fetch)
         assert later.exit_code != 0 and "Forbidden" in later.output, later.output
         assert [e.allowed for e in later.network_log] == [False]
+
+
+def test_the_code_cannot_stop_the_relay(executor: Any, index: tuple[int, int]) -> None:
+    # The relay runs as a uid of its own: the code's signals (and kill -1) do not reach it.
+    attack = (
+        "import os, signal\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    try:\n"
+        "        if b'\\x003128\\x00' in open(f'/proc/{pid}/cmdline', 'rb').read():\n"
+        "            os.kill(int(pid), signal.SIGKILL)\n"
+        "            print('KILLED', pid)\n"
+        "    except PermissionError:\n"
+        "        print('refused', pid)\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    result = executor.execute(attack)
+    assert "KILLED" not in result.output and "refused" in result.output, result.output
+    url = f"http://127.0.0.1:{index[0]}/simple/{PACKAGE}/"
+    fetch = f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=30).status)\n"
+    again = executor.execute(fetch)
+    assert again.exit_code == 0 and "200" in again.output, again.output
