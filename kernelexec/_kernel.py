@@ -23,14 +23,16 @@ from typing import Any
 
 from ._budget import full_value
 from ._errors import (
+    BackendUnavailable,
     ExecutionTimeout,
     KernelDied,
     KernelExecError,
     KernelStartFailed,
     RequestAborted,
 )
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._files import FileStore, KernelFiles
+from ._languages import chdir_code, install_hint, language_kernels
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends._iopub import iopub_batch
@@ -46,6 +48,7 @@ _INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _POLL = 0.5  # seconds between liveness checks while a block is quiet
 # After the reply, iopub silent this long: ask the kernel for a marker (see ``_BlockRun._pump``).
 _IOPUB_GRACE = 0.5
+_LATE_GRACE = 0.2  # the same, for a kernel whose idle status may come before its last output
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its help; the API gives text
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 _ABORT_RETRY_PAUSE = 0.2  # before sending again a block the kernel aborted
@@ -530,11 +533,14 @@ class AsyncKernelExecutor(AsyncExecutor):
         restart_on_death: bool = True,
         interrupt_grace: float = 3.0,
         startup_timeout: float = 60.0,
+        languages: Mapping[str, str | None] | None = None,
         **options: Any,
     ) -> None:
         if backend is not None and python is not None:
             raise ValueError("give either backend= or python=, not both")
         self.backend = backend or LocalKernel(kernel_name=kernel_name, python=python)
+        #: canonical language -> kernelspec, for blocks in other languages (``_languages``)
+        self.languages = language_kernels(languages)
         super().__init__(**options)
         self.input_callback = input
         self.restart_on_death = restart_on_death
@@ -552,16 +558,32 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._sent_at = 0.0  # time.time() just before the running block was sent
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
-        self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
+        self._setup_at_start = self._python and self.backend.run_at_start(_SETUP_CODE)
+        # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
+        # started on a block's first use; ``_running`` is the one a block runs in now.
+        self._others: dict[str, _LanguageKernel] = {}
+        self._running: AsyncKernelExecutor | None = None
+
+    #: False for another language's kernel: no IPython set-up code, no ``%%bash`` cells
+    _python = True
+    #: True for a kernel that may publish a block's output after its ``idle`` status (Deno 2.9
+    #: did, for 3 of 6 first blocks): its blocks end with a marker request instead
+    _late_outputs = False
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
-        return ("python", "shell")
+        own = ("python", "shell")
+        if not self._python or not self.backend.runs_other_kernels:
+            return own
+        return (*own, *(lang for lang in self.languages if lang not in own))
 
     async def interrupt(self) -> None:
         """Interrupt the running block (it ends with ``KeyboardInterrupt``); state is kept."""
         self._check_open()
-        if self._started:
+        running = self._running
+        if running is not None and running is not self:
+            await running.backend.interrupt()
+        elif self._started:
             await self.backend.interrupt()
 
     async def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
@@ -633,12 +655,83 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._idle_since = asyncio.get_running_loop().time()
 
     async def _restart(self) -> None:
+        await self._stop_others()
         await self._replace_kernel()
 
     async def _close(self) -> None:
-        await self.backend.shutdown()
+        try:
+            await self._stop_others()
+        finally:
+            await self.backend.shutdown()
+
+    async def _stop_others(self) -> None:
+        """Shut the other languages' kernels down (a restart starts them again on first use)."""
+        others, self._others = list(self._others.values()), {}
+        for other in others:
+            with contextlib.suppress(Exception):
+                await other.close()
 
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        kernel = self.languages.get(block.language) if self._python else None
+        if kernel is not None:
+            return await self._run_elsewhere(block, kernel, timeout)
+        self._running = self
+        try:
+            return await self._run_here(block, timeout)
+        finally:
+            self._running = None
+
+    async def _run_elsewhere(
+        self, block: PreparedBlock, kernel: str, timeout: float
+    ) -> ExecutionResult:
+        """A block in another language, in that language's kernel (started on first use)."""
+        other = self._others.get(kernel)
+        if other is None:
+            made = self._other_kernel(kernel)
+            if isinstance(made, ExecutionResult):
+                return made.with_changes(language=block.language)
+            other = self._others[kernel] = made
+            other.chdir_language = block.language
+            other._late_outputs = "deno" in kernel.lower()
+        # Read at each block: a caller may set them after the session was made.
+        other.on_output, other.input_callback = self.on_output, self.input_callback
+        if not other._started:
+            try:
+                await other._ensure_started()
+            except (KernelStartFailed, BackendUnavailable) as exc:
+                self._others.pop(kernel, None)  # the next block of it tries afresh
+                with contextlib.suppress(Exception):
+                    await other.close()
+                return _cannot_start(block, kernel, str(exc))
+        self._running = other
+        try:
+            return await other._run_here(block, timeout)
+        finally:
+            self._running = None
+
+    def _other_kernel(self, kernel: str) -> _LanguageKernel | ExecutionResult:
+        backend = self.backend.other_kernel(kernel)
+        if backend is None:  # supported_languages said so already; a subclass may differ
+            why = f"the {self.backend.kind} back end runs only Python kernels"
+            return error_result(
+                f"unsupported language: {why}",
+                language="",
+                ename="UnsupportedLanguage",
+                not_run=True,
+            )
+        return _LanguageKernel(
+            backend,
+            work_dir=self.work_dir,
+            timeout=self.options.timeout,
+            env=self.options.env,
+            output_limit=self.options.output_limit,
+            outputs_dir=self.options.outputs_dir,
+            restart_on_death=self.restart_on_death,
+            interrupt_grace=self.interrupt_grace,
+            startup_timeout=self.startup_timeout,
+        )
+
+    async def _run_here(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         if self._dead is not None:
             raise KernelDied(f"the kernel died ({self._dead}); call restart() to get a new one")
         gone = await self._gone_while_idle()
@@ -701,7 +794,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
-        if not self._setup_at_start:
+        if self._python and not self._setup_at_start:
             await self._run_quietly(_SETUP_CELL)
 
     async def _run_quietly(self, code: str) -> None:
@@ -913,6 +1006,7 @@ class _BlockRun:
         grace_end: float | None = None  # set once the block was interrupted
         last_seen = last_check = loop.time()
         marker: str | None = None
+        idle_trusted = not self._ex._late_outputs
         while True:
             now = loop.time()
             if grace_end is None and now >= deadline:
@@ -933,7 +1027,8 @@ class _BlockRun:
                 # machine), or the idle was lost. Waiting a fixed while cut off lagging output
                 # (seen: "yes" lost, exit 0). Instead send an empty request: iopub is one
                 # ordered stream, so once its messages arrive, all of this block's have.
-                if marker is None and reply.done() and loop.time() - last_seen >= _IOPUB_GRACE:
+                quiet = _IOPUB_GRACE if idle_trusted else _LATE_GRACE
+                if marker is None and reply.done() and loop.time() - last_seen >= quiet:
                     marker = self._client.execute(
                         "", silent=True, store_history=False, stop_on_error=False
                     )
@@ -945,7 +1040,7 @@ class _BlockRun:
                     return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
                 if parent != msg_id:
                     continue  # another request's message (a set-up run, an earlier block)
-                if _is_idle(msg):  # the batch ends there: nothing after it was taken
+                if _is_idle(msg) and idle_trusted:  # the batch ends there: nothing after it
                     return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
                 feed(msg)
             last_seen = loop.time()  # after feeding: a slow feed is not silence
@@ -1135,3 +1230,43 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     def inspect(self, code: str, cursor_pos: int | None = None, detail_level: int = 0) -> str:
         """The kernel's help for the name at ``cursor_pos`` (``obj?``; 1: ``obj??``)."""
         return self._call(self._core.inspect, code, cursor_pos, detail_level)
+
+
+class _LanguageKernel(AsyncKernelExecutor):
+    """Another language's kernel in a session: blocks are sent as written (no IPython set-up
+    code, no ``%%bash`` cell), in the session's work dir. The session holds its lock, numbers its
+    blocks and records them; this runs them (``_run_here``) with everything a Python block gets:
+    outputs saved, the output budget, timeouts that interrupt, death noticed."""
+
+    _python = False
+    #: the language whose code puts the kernel back in a recreated work dir
+    chdir_language = ""
+
+    async def _ensure_workspace(self) -> None:
+        if self.work_dir.is_dir():
+            return
+        make_work_dir(self.work_dir)
+        code = chdir_code(self.chdir_language, self.backend.workspace or str(self.work_dir))
+        if code is not None:
+            await self._run_quietly(code)
+
+    def _code_for(self, block: PreparedBlock) -> str:
+        if block.target is not None:
+            self._save_code(block.target, block.code)
+        return block.code
+
+
+def _cannot_start(block: PreparedBlock, kernel: str, why: str) -> ExecutionResult:
+    """A block whose language's kernel did not start: not run, saying what to install."""
+    missing = f"no kernelspec named {kernel!r}" in why
+    what = f"Not run: the {block.language} kernel ({kernel!r}) "
+    if missing:
+        what += f"is not installed; install {install_hint(kernel)}."
+    else:
+        what += f"did not start: {why}."
+    return error_result(
+        what + " Nothing of the block ran.",
+        language=block.language,
+        ename="KernelNotInstalled" if missing else "KernelStartFailed",
+        not_run=True,
+    )
