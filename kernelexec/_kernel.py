@@ -32,7 +32,7 @@ from ._errors import (
 )
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._files import FileStore, KernelFiles
-from ._languages import chdir_code, install_hint, language_kernels
+from ._languages import chdir_code, install_hint, language_kernels, setup_code
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from .backends._iopub import iopub_batch
@@ -956,7 +956,10 @@ class _BlockRun:
             self._code, allow_stdin=allow_stdin, stop_on_error=False
         )
         reply = asyncio.ensure_future(_reply_for(self._backend, self._msg_id))
-        stdin = asyncio.ensure_future(self._serve_stdin()) if allow_stdin else None
+        # IRkernel asks for input even when told not to, and would wait for it for good:
+        # another language's kernel is always answered (with no callback, an empty line).
+        serve = allow_stdin or not self._ex._python
+        stdin = asyncio.ensure_future(self._serve_stdin()) if serve else None
         try:
             ending = await self._pump(reply)
             if ending is _Ending.DIED or ending is _Ending.STUCK:
@@ -1047,12 +1050,21 @@ class _BlockRun:
 
     async def _serve_stdin(self) -> None:
         callback = self._ex.input_callback
-        assert callback is not None
         while True:
             msg = await self._client.get_stdin_msg(timeout=None)
             if _parent_id(msg) != self._msg_id or msg.get("msg_type") != "input_request":
                 continue
             prompt = str(msg.get("content", {}).get("prompt", ""))
+            if callback is None:
+                text = (
+                    f"kernelexec: the block asked for input ({prompt!r}) and no input callback"
+                    " is set (input=...); it got an empty line\n"
+                )
+                self._collector.feed(
+                    {"msg_type": "stream", "content": {"name": "stderr", "text": text}}
+                )
+                self._client.input("")
+                continue
             try:
                 answer = await asyncio.to_thread(callback, prompt)
                 if inspect.isawaitable(answer):
@@ -1241,6 +1253,11 @@ class _LanguageKernel(AsyncKernelExecutor):
     _python = False
     #: the language whose code puts the kernel back in a recreated work dir
     chdir_language = ""
+
+    async def _setup(self) -> None:
+        code = setup_code(self.chdir_language)
+        if code is not None:
+            await self._run_quietly(code)
 
     async def _ensure_workspace(self) -> None:
         if self.work_dir.is_dir():

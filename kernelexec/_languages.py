@@ -75,3 +75,16 @@ def chdir_code(language: str, path: str) -> str | None:
         "typescript": f"Deno.chdir({quoted})",
         "shell": f"cd {shlex.quote(path)}",
     }.get(language)
+
+
+# IRkernel shows every value as text, HTML, Markdown and LaTeX: each saved as a file, and a
+# line in the output an LLM reads. A session keeps R's own text and the images (plots).
+_R_SETUP = (
+    'options(jupyter.display_mimetypes = c("text/plain", "image/png", "image/jpeg",'
+    ' "image/svg+xml"))'
+)
+
+
+def setup_code(language: str) -> str | None:
+    """Code a kernel of ``language`` runs silently after each start (None: none)."""
+    return _R_SETUP if language == "r" else None
