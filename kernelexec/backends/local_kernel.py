@@ -74,7 +74,15 @@ class _WrappedSpecs(KernelSpecManager):
             argv[0] = sys.executable  # as jupyter_client does for a bare "python"
         fields = spec.to_dict()
         fields["argv"] = self._wrap(argv)
+        if _is_deno(argv):
+            # SIGINT kills Deno's kernel (state lost, told as a death); an interrupt_request
+            # stops a busy loop and keeps the kernel (checked with Deno 2.9).
+            fields["interrupt_mode"] = "message"
         return KernelSpec(resource_dir=spec.resource_dir, **fields)
+
+
+def _is_deno(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) == "deno" and "jupyter" in argv[1:2]
 
 
 def _speaks_ipc(km: AsyncKernelManager) -> bool:
