@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,7 +69,10 @@ class _WrappedSpecs(KernelSpecManager):
         self._base, self._wrap = base, wrap
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        spec = self._base.get_kernel_spec(kernel_name)
+        with warnings.catch_warnings():
+            # bash_kernel's spec has a "codemirror_mode" key, which traitlets warns about
+            warnings.simplefilter("ignore", DeprecationWarning)
+            spec = self._base.get_kernel_spec(kernel_name)
         argv = list(spec.argv)
         if argv and argv[0] in {"python", "python3", f"python3.{sys.version_info[1]}"}:
             argv[0] = sys.executable  # as jupyter_client does for a bare "python"
