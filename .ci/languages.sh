@@ -3,8 +3,8 @@
 #
 #   languages_install  IRkernel and R from apt (R's graphics come with r-base-core; the
 #                      recommended extras are not needed), in the background: it is the slow
-#                      part (it waits for the dpkg lock other steps hold meanwhile).
-#                      part. Deno and bash_kernel come with the dev extra (kernelexec[languages]);
+#                      part (it waits for the dpkg lock other steps hold meanwhile). Deno and
+#                      bash_kernel come with the dev extra (kernelexec[languages]);
 #                      their kernelspecs are installed here, into this environment.
 #   languages_wait     waits for the apt step, checks the three kernelspecs, then sets
 #                      KERNELEXEC_REQUIRE_LANGUAGES=1: their tests fail instead of skipping.
