@@ -7,8 +7,11 @@ matter (its kernels start once); the tests that kill or restart kernels make the
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -287,3 +290,36 @@ def test_the_work_dir_is_shared_and_nothing_is_written_outside(ex: KernelExecuto
     ex.execute("Deno.writeTextFileSync('from_js.txt', 'js')", "javascript")
     assert ex.execute("cat(readLines('from_js.txt', warn = FALSE))", "r").output == "js"
     assert set(os.listdir(ex.work_dir.parent)) == before
+
+
+# -- the ways in: `kernelexec run`, the REPL ---------------------------------------------------
+def test_kernelexec_run_on_a_mixed_message(tmp_path: Path) -> None:
+    need_kernels("r", "javascript")
+    message = tmp_path / "reply.md"
+    message.write_text(
+        "```python\nprint(6 * 7)\n```\n\n```r\ncat(6 * 7)\n```\n\n```ts\nconsole.log(6 * 7)\n```\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelexec", "run", str(message), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [b["language"] for b in report["blocks"]] == ["python", "r", "typescript"]
+    assert [b["stdout"].strip() for b in report["blocks"]] == ["42", "42", "42"]
+
+
+def test_the_repl_switches_language_with_percent_lang(ex: KernelExecutor) -> None:
+    from kernelexec._repl import run_repl
+
+    typed = "w = 2\n\n%lang r\n\nw <- 3\ncat(w)\n\n%lang cobol\n\n%lang py\n\nprint(w)\n"
+    out = io.StringIO()
+    status = run_repl(ex, io.StringIO(typed), out)
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "language: r" and lines[1] == "3"
+    assert lines[2].startswith("unsupported language: cobol (this session runs: python, shell, r")
+    assert lines[3:] == ["language: python", "2"]  # each language kept its own `w`
