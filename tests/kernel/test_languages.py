@@ -323,3 +323,24 @@ def test_the_repl_switches_language_with_percent_lang(ex: KernelExecutor) -> Non
     assert lines[0] == "language: r" and lines[1] == "3"
     assert lines[2].startswith("unsupported language: cobol (this session runs: python, shell, r")
     assert lines[3:] == ["language: python", "2"]  # each language kept its own `w`
+
+
+def test_the_sandboxed_command_executor_runs_r_and_deno_in_its_sandbox(tmp_path: Path) -> None:
+    from kx_languages import need_programs
+    from kx_sandbox import sandbox_unavailable
+
+    from kernelexec import make_executor
+
+    need_programs("r", "javascript")
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    outside = Path("/tmp") / f"kx-langs-escape-{os.getpid()}"
+    with make_executor("sandboxed-command", work_dir=tmp_path, timeout=60) as ex:
+        r = ex.execute(f"cat(6 * 7)\ntry(writeLines('x', '{outside}'), silent = TRUE)", "r")
+        ts = ex.execute(
+            f"console.log(6 * 7)\ntry {{ Deno.writeTextFileSync('{outside}', 'x') }} catch {{}}",
+            "ts",
+        )
+    assert (r.exit_code, r.output) == (0, "42")
+    assert (ts.exit_code, ts.output) == (0, "42\n")
+    assert not outside.exists()  # the host is read-only inside the sandbox
