@@ -230,17 +230,15 @@ def run_interactive(executor: SyncExecutor[Any], out: TextIO, *, language: str =
     )
     while True:
         try:
-            code = session.prompt(">>> " if language == "python" else f"{language}> ")
+            code = session.prompt(">>> ")
         except KeyboardInterrupt:
             out.write("KeyboardInterrupt\n")  # the block being typed is dropped
             continue
         except EOFError:
             return 0  # the session ended as asked, whatever its blocks did
-        switched = switch_language(code, language, executor, out)
+        switched = switch_language(code, language, executor, out) if "%lang" in code else None
         if switched is not None:
-            if switched != language:
-                language = switched
-                session = _prompt_session(language, _completer(executor, language))
+            language = switched  # Enter still completes blocks as it did (Python's rule)
         elif code.strip():
             _run_live(executor, code.rstrip("\n") + "\n", language, view, out)
 
