@@ -236,10 +236,7 @@ def run_interactive(executor: SyncExecutor[Any], out: TextIO, *, language: str =
             continue
         except EOFError:
             return 0  # the session ended as asked, whatever its blocks did
-        switched = switch_language(code, language, executor, out) if "%lang" in code else None
-        if switched is not None:
-            language = switched  # Enter still completes blocks as it did (Python's rule)
-        elif code.strip():
+        if code.strip():
             _run_live(executor, code.rstrip("\n") + "\n", language, view, out)
 
 
