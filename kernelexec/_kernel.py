@@ -351,6 +351,12 @@ def _kx_setup():
                 waiting = True
             if waiting:
                 drain()
+            else:
+                # Empty, or the reader has just taken the text out and is moving it into the
+                # stream, which it does holding the lock: waited for, or this print overtakes
+                # it (seen on a loaded machine: p4 before f3).
+                with lock:
+                    pass
 
         reader = threading.Thread(target=watch, name="kernelexec-" + stream.name, daemon=True)
         os.dup2(w, fd)  # from here on, what is written to fd goes to the new pipe

@@ -195,13 +195,18 @@ def test_tab_completes_from_the_kernel(repl: pexpect.spawn) -> None:
 
 @pytest.mark.parametrize("repl", ["kernel"], indirect=True)
 def test_question_mark_shows_the_kernels_help(repl: pexpect.spawn) -> None:
-    run(repl, "def kx_helped(a, b):\r    'Adds two numbers for the test.'\r    return a + b\r")
+    # One line: typed as three, Enter's auto-indent would add to the typed indent and the def
+    # would never end. The prompt redraws the typed text, so each wait is for text only the
+    # kernel's help holds (its headers), never for what was typed.
+    run(repl, "def kx_helped(a, b): 'Adds two numbers for the test.'; return a + b")
     repl.expect_exact(PROMPT)
     run(repl, "kx_helped?")
+    repl.expect_exact("Signature:")
     repl.expect_exact("Adds two numbers for the test.")
     repl.expect_exact(PROMPT)
     run(repl, "kx_helped??")
-    repl.expect_exact("return a + b")
+    repl.expect_exact("Source:")
+    repl.expect_exact("kx_helped")  # highlighted: the source's tokens come apart in colour codes
     repl.expect_exact(PROMPT)
     repl.sendeof()
     repl.expect(pexpect.EOF)
