@@ -12,15 +12,20 @@
 LANGUAGES_LOG="${TMPDIR:-/tmp}/kernelexec-languages-apt.log"
 LANGUAGES_PID=""
 
+# A machine whose package lists are stale or missing gets them updated, then tries again.
+_kx_apt_irkernel() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        -o DPkg::Lock::Timeout=900 r-cran-irkernel
+}
+
 languages_install() {
     if [ "$(id -u)" != "0" ] && ! command -v R >/dev/null 2>&1; then
         echo "languages.sh: R is missing and we are not root: cannot install it" >&2
         return 1
     fi
     (
-        [ -f /usr/share/jupyter/kernels/ir/kernel.json ] ||
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=900 \
-                r-cran-irkernel
+        [ -f /usr/share/jupyter/kernels/ir/kernel.json ] || _kx_apt_irkernel ||
+            { DEBIAN_FRONTEND=noninteractive apt-get update -qq && _kx_apt_irkernel; }
     ) >"$LANGUAGES_LOG" 2>&1 &
     LANGUAGES_PID=$!
     python3 -m bash_kernel.install --sys-prefix >/dev/null
