@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         GatewayUnavailable,
         ImageNotFound,
         InvalidBlock,
+        InvalidNetworkPolicy,
         InvalidPath,
         InvalidTimeout,
         InvalidWorkDir,
@@ -58,10 +59,11 @@ if TYPE_CHECKING:
     from ._files import FileEntry
     from ._jobs import AsyncJob, Job, JobStatus
     from ._kernel import AsyncKernelExecutor, KernelExecutor
+    from ._network import NetworkPolicy
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
     from ._render import LiveDisplay
-    from ._types import CodeBlock, ErrorInfo, ExecutionResult
+    from ._types import CodeBlock, ErrorInfo, ExecutionResult, NetworkEvent
     from ._version import __version__
     from .backends._docker_options import DockerOptions
     from .backends._sandbox import SandboxOptions
@@ -122,6 +124,9 @@ _LAZY: dict[str, str] = {
     "InvalidBlock": "._errors",
     "InvalidPath": "._errors",
     "InvalidTimeout": "._errors",
+    "InvalidNetworkPolicy": "._errors",
+    "NetworkPolicy": "._network",
+    "NetworkEvent": "._types",
     "InvalidWorkDir": "._errors",
     "Job": "._jobs",
     "JobNotFinished": "._errors",
@@ -206,6 +211,7 @@ __all__ = [
     "GatewayUnavailable",
     "ImageNotFound",
     "InvalidBlock",
+    "InvalidNetworkPolicy",
     "InvalidPath",
     "InvalidTimeout",
     "InvalidWorkDir",
@@ -224,6 +230,8 @@ __all__ = [
     "LocalCommand",
     "LocalKernel",
     "MarkdownCodeExtractor",
+    "NetworkEvent",
+    "NetworkPolicy",
     "NotebookError",
     "PoolExhausted",
     "PoolOptions",

@@ -109,15 +109,22 @@ class Target:
 
 
 # -- which back ends run here ------------------------------------------------------------------
-def targets(names: Sequence[str] | None = None) -> list[Target]:
+def targets(names: Sequence[str] | None = None, *, network: Any = None) -> list[Target]:
     """The back ends to probe: ``names`` (all of them by default), each Docker one under runc
-    and, when the engine has it, gVisor's ``runsc``."""
+    and, when the engine has it, gVisor's ``runsc``. ``network`` (a ``NetworkPolicy``, or
+    ``"all"``) is given to the isolating ones: the ``network`` probe then also asks the egress
+    proxy for its listeners, which no allowlist names."""
     chosen = list(names or BACKENDS)
     runtimes = _docker_runtimes() if any(n in DOCKER for n in chosen) else []
     found: list[Target] = []
     for name in chosen:
         if name in DOCKER:
-            found += [Target(name=name, runtime=r) for r in ("runc", *runtimes)]
+            options = {} if network is None else {"network": network}
+            found += [Target(name=name, runtime=r, options=options) for r in ("runc", *runtimes)]
+        elif name in SANDBOXED and network is not None:
+            from .backends._sandbox import SandboxOptions
+
+            found.append(Target(name=name, options={"sandbox": SandboxOptions(network=network)}))
         else:
             found.append(Target(name=name))
     return found
@@ -178,6 +185,20 @@ for host, port in P["listeners"]:
         r["network"][host] = "connected"
     except OSError as e:
         r["network"][host] = "refused: " + (e.strerror or type(e).__name__)
+    if os.environ.get("HTTP_PROXY", "").startswith("http://127.0.0.1:"):
+        # an egress policy: the listeners are in no allowlist, so the proxy must refuse them
+        proxy = ("127.0.0.1", int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1]))
+        target = ("[%%s]" if ":" in host else "%%s") %% host
+        try:
+            s = socket.create_connection(proxy, timeout=5)
+            s.sendall(("CONNECT %%s:%%d HTTP/1.1" %% (target, port)).encode() + b"\r\n\r\n")
+            s.settimeout(15)
+            answer = s.recv(64)
+            s.close()
+            if answer.split(b" ")[1:2] == [b"200"]:
+                r["network"][host + " via the egress proxy"] = "connected"
+        except (OSError, IndexError):
+            pass
 r["env"] = os.environ.get(P["canary"][0]) == P["canary"][1]
 def limit(controller, names):
     base, own = "/sys/fs/cgroup", None

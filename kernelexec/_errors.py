@@ -33,6 +33,7 @@ callers can catch broadly::
     │                                   FIFO, socket or device: never followed, never read
     ├── FileTooLarge                + ValueError     (a file past the files API's size limit)
     ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
+    ├── InvalidNetworkPolicy        + ValueError     (an allowlist entry that is not a host)
     ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
     │   └── WorkDirNotFound             + FileNotFoundError: an adapter's work dir whose parent
     │                                   is missing (AG2 makes one folder, never a chain)
@@ -158,6 +159,12 @@ class FileTooLarge(KernelExecError, ValueError):
 
 class InvalidTimeout(KernelExecError, ValueError):
     """A timeout (to the constructor or to one call) that is not a positive finite number."""
+
+
+class InvalidNetworkPolicy(KernelExecError, ValueError):
+    """A ``network=`` setting kernelexec cannot enforce: an allowlist entry that is not a host
+    name, address or ``*.`` wildcard (with an optional port), or a mode other than ``"none"``,
+    ``"all"`` or a ``NetworkPolicy``. Raised at construction, before anything starts."""
 
 
 class InvalidWorkDir(KernelExecError, ValueError):

@@ -77,6 +77,9 @@ class ExecutorOptions:
     #: list, see ``_guard``) before running a block: a guard-rail against an LLM's careless
     #: command, not a sandbox (a determined block gets past it)
     refuse_dangerous: bool = False
+    #: a kernel also gives each matplotlib figure (and Plotly / Altair chart) shown as a chart
+    #: document and each DataFrame as a table document, summed up in ``output`` (docs/charts.md)
+    charts: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +177,7 @@ def combine_results(results: Sequence[ExecutionResult]) -> ExecutionResult:
         ),
         execution_count=last.execution_count,
         block_results=list(results),
+        network_log=[event for r in results for event in r.network_log],
     )
 
 
@@ -202,6 +206,7 @@ class AsyncExecutor(ABC):
         code_extractor: MarkdownCodeExtractor | None = None,
         notebook_path: str | os.PathLike[str] | None = None,
         refuse_dangerous: bool = False,
+        charts: bool = True,
     ) -> None:
         self.options = ExecutorOptions(
             timeout=check_timeout(timeout),
@@ -212,6 +217,7 @@ class AsyncExecutor(ABC):
             # an empty name is a mistake, not a way to say it.
             outputs_dir=folder_option(outputs_dir, "outputs_dir", allow_root=bool(outputs_dir)),
             refuse_dangerous=bool(refuse_dangerous),
+            charts=bool(charts),
         )
         self._owns_work_dir = work_dir is None
         if work_dir is None:
@@ -738,8 +744,26 @@ class AsyncExecutor(ABC):
         known = set(result.files)  # a list's lookups would be quadratic in the files
         listed = list(result.files) + [p for p in changed if p not in known]
         result = result.with_changes(files=listed, duration_s=duration)
+        result = await self._with_network_log(result)
         self._after_block(block, result)
         return result
+
+    async def _with_network_log(self, result: ExecutionResult) -> ExecutionResult:
+        """The egress proxy's log of the block (``network=NetworkPolicy``) in the result, and
+        its refusals said in ``output``: a model reads why its request failed."""
+        backend = getattr(self, "backend", None)
+        take = getattr(backend, "take_network_log", None)
+        events = await take() if take is not None else []
+        if not events:
+            return result
+        refused = [event for event in events if not event.allowed]
+        output = result.output
+        if refused:
+            lines = "\n".join(f"  {event.describe()}" for event in refused[:20])
+            more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
+            note = f"kernelexec: the network policy refused {len(refused)} connection(s):\n"
+            output = f"{output.rstrip(chr(10))}\n{note}{lines}{more}".lstrip("\n")
+        return result.with_changes(network_log=events, output=output)
 
 
 _A = TypeVar("_A", bound=AsyncExecutor)

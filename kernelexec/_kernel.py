@@ -35,6 +35,7 @@ from ._branch import (
     pause,
 )
 from ._budget import full_value
+from ._charts import kernel_setup_code
 from ._door import Door
 from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
 from ._errors import (
@@ -516,10 +517,13 @@ def _kx_setup():
 _kx_setup()
 del _kx_setup
 """
+
+
 # Sent as one string literal: IPython tokenizes a cell twice before running it, and the set-up
 # code's thousand tokens cost each new kernel about 7 ms (measured: the set-up run took 15.6 ms
 # as code, 8.5 ms as one literal, in a forked kernel).
-_SETUP_CELL = f"exec(compile({_SETUP_CODE!r}, '<kernelexec set-up>', 'exec'))\n"
+def _setup_cell(code: str) -> str:
+    return f"exec(compile({code!r}, '<kernelexec set-up>', 'exec'))\n"
 
 
 class _Ending(enum.Enum):
@@ -584,7 +588,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._sent_at = 0.0  # time.time() just before the running block was sent
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
-        self._setup_at_start = self.backend.run_at_start(_SETUP_CODE)
+        self._setup_code = _SETUP_CODE + (kernel_setup_code() if self.options.charts else "")
+        self._setup_at_start = self.backend.run_at_start(self._setup_code)
         # Forks of a session and their snapshots share its lineage: a snapshot restores into
         # any of them, never into another session.
         self._lineage: object = object()
@@ -1082,7 +1087,7 @@ class AsyncKernelExecutor(AsyncExecutor):
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
         if not self._setup_at_start:
-            await self._run_quietly(_SETUP_CELL)
+            await self._run_quietly(_setup_cell(self._setup_code))
 
     async def _run_quietly(self, code: str) -> None:
         """Run kernelexec's own code (not recorded in history, no outputs)."""

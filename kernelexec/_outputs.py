@@ -35,6 +35,7 @@ from ._budget import (
     pieces,
     text_length,
 )
+from ._charts import DATA_MIMES, data_summaries, is_chart_form
 from ._door import Door
 from ._errors import KernelExecError
 from ._types import ErrorInfo, NbOutput
@@ -595,12 +596,19 @@ class OutputCollector:
         if plain is not None and _is_bare_repr(plain) and _has_image(files):
             plain = None  # "<Figure size 640x480 with 1 Axes>" says nothing the file does not
         lines: list[str] = []
+        # A chart or table document is said as one line (the chart's on its image's line).
+        chart, table = data_summaries(data)
         for mime in [*data, *display.omitted]:
+            if mime in DATA_MIMES and mime in data:
+                continue
             form = files.get(mime)
             if form is not None:
                 rel = f"{self._outputs_dir}/cell{self._cell}-{display.k}.{form[0]}"
                 refused = display.refused.get(mime)
-                if refused is None:
+                if refused is None and chart is not None and is_chart_form(mime):
+                    lines.append(f"[{chart}; saved to {rel}]")
+                    chart = None
+                elif refused is None:
                     lines.append(f"[{mime} saved to {rel}]")
                 else:
                     lines.append(f"[{mime} not saved to {rel}: {refused}]")
@@ -610,6 +618,7 @@ class OutputCollector:
                 lines.append(f"[{mime} output{what} left out: too large to keep]")
             elif mime != "text/plain" and plain is None and not lines:
                 lines.append(f"[{mime} output]")
+        lines.extend(f"[{line}]" for line in (chart, table) if line is not None)
         return plain, lines
 
     def pop_error(self, ename: str) -> ErrorInfo | None:

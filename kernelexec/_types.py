@@ -61,6 +61,47 @@ class ErrorInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkEvent:
+    """One connection the code asked the egress proxy for (``network=NetworkPolicy(...)``).
+
+    ``allowed`` False means the proxy refused it and ``reason`` says why, in words a model can
+    act on. Bytes count what crossed the proxy (``up``: from the code; ``down``: to it) until the
+    connection ended, or until the block ended when it is still ``open``.
+    """
+
+    host: str
+    port: int
+    allowed: bool
+    reason: str = ""
+    method: str = "CONNECT"
+    bytes_up: int = 0
+    bytes_down: int = 0
+    #: when the proxy received the request (``time.time()``)
+    time: float = 0.0
+    duration_s: float = 0.0
+    open: bool = False
+
+    def describe(self) -> str:
+        """One line for a result's ``output``."""
+        verdict = "allowed" if self.allowed else f"refused: {self.reason}"
+        return f"{self.method} {self.host}:{self.port} {verdict}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "method": self.method,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "time": self.time,
+            "duration_s": round(self.duration_s, 6),
+            "open": self.open,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExecutionResult:
     """What running one block (or a list of blocks) produced.
 
@@ -91,6 +132,9 @@ class ExecutionResult:
     full_output_file: Path | None = None
     execution_count: int | None = None
     block_results: list[ExecutionResult] = field(default_factory=list)
+    #: the connections the code asked the egress proxy for during the block (an allowlist
+    #: ``NetworkPolicy`` only; empty otherwise)
+    network_log: list[NetworkEvent] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -142,6 +186,7 @@ class ExecutionResult:
             "full_output_file": None
             if self.full_output_file is None
             else str(self.full_output_file),
+            "network_log": [event.to_dict() for event in self.network_log],
         }
 
     def with_changes(self, **changes: Any) -> ExecutionResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TextIO
 
+from ._charts import data_summaries
 from ._outputs import file_form, strip_ansi
 from ._types import ExecutionResult, NbOutput
 
@@ -63,11 +64,15 @@ def _omitted(output: NbOutput) -> list[str]:
 
 def _display_line(data: dict[str, Any], omitted: list[str]) -> str:
     """A rich output as one line: the file-backed forms it has, else its plain text."""
+    chart, table_line = data_summaries(data)
+    if chart is not None:  # what the chart shows says more than "[image/png]"
+        return f"[{chart}]"
     mimes = [*data, *omitted]
     forms = [mime for mime in mimes if mime != "text/plain" and file_form(mime) is not None]
+    table = f"\n[{table_line}]" if table_line is not None else ""
     if forms:
-        return f"[{', '.join(forms)}]"
-    return _text(data.get("text/plain", "")).rstrip("\n")
+        return f"[{', '.join(forms)}]{table}"
+    return _text(data.get("text/plain", "")).rstrip("\n") + table
 
 
 def block_header(index: int, total: int, language: str) -> str:

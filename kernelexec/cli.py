@@ -85,8 +85,35 @@ def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 f"not {name!r}"
             )
         options["runtime"] = runtime
+    options.update(_network(args, name))
     executor_entry(name)  # an unknown name is refused here, before anything is made
     return name, options
+
+
+def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """``--allow HOST[:PORT]`` (repeatable): the isolating back ends' egress allowlist."""
+    allow = getattr(args, "allow", None) or []
+    packages = [
+        p.strip() for item in getattr(args, "packages", None) or [] for p in item.split(",")
+    ]
+    if not allow and not packages:
+        return {}
+    from ._network import NetworkPolicy  # a bad entry: InvalidNetworkPolicy, said plainly
+
+    policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p])
+    if name.startswith("docker-"):
+        return {"network": policy}
+    if packages and name in _SANDBOXED.values():
+        raise UsageError("--packages applies to the docker-* executors (not yet --sandbox)")
+    if name in _SANDBOXED.values():
+        from .backends._sandbox import SandboxOptions
+
+        return {"sandbox": SandboxOptions(network=policy)}
+    raise UsageError(
+        "--allow and --packages apply to the isolating back ends (docker-kernel, "
+        f"docker-command, or a local one with --sandbox), not {name!r}: a local back end's "
+        "code has the host's network"
+    )
 
 
 _SANDBOXED = {"kernel": "sandboxed-kernel", "command": "sandboxed-command"}
@@ -398,6 +425,21 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         "--sandbox",
         action="store_true",
         help="run a local back end in a bubblewrap sandbox (no network, read-only host)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST[:PORT]",
+        help="let the code reach HOST (a name, *.name or an IP address; ports 80 and 443 "
+        "unless given) through kernelexec's egress proxy; repeat for more. The docker-* "
+        "executors and --sandbox only; everything else stays unreachable",
+    )
+    parser.add_argument(
+        "--packages",
+        action="append",
+        metavar="REQ[,REQ...]",
+        help="pip-install these at session start (docker-* executors), from the index the "
+        "host's pip uses, whose hosts are allowed for that step only",
     )
     parser.add_argument(
         "--runtime",
@@ -774,7 +816,12 @@ def cmd_cluster_spec(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import as_json, matrix, run_doctor, targets
 
-    rows = run_doctor(targets(args.backend))
+    network = None
+    if args.allow:
+        from ._network import NetworkPolicy
+
+        network = NetworkPolicy(allow=args.allow)
+    rows = run_doctor(targets(args.backend, network=network))
     report = as_json(rows)
     print(json.dumps(report, indent=2) if args.json else matrix(rows))
     return 0 if report["ok"] else 1
@@ -791,6 +838,13 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     doctor.add_argument(
         "--backend", action="append", choices=BACKENDS, help="probe only this back end (repeatable)"
+    )
+    doctor.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST[:PORT]",
+        help="probe the isolating back ends under this egress allowlist (repeatable): the "
+        "doctor's own listeners must stay unreachable, directly and through the proxy",
     )
     doctor.set_defaults(func=cmd_doctor)
 

@@ -49,6 +49,13 @@ def add_mcp_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mcp.add_argument(
         "--warm", type=int, default=1, help="kernels kept started ahead of use (default 1)"
     )
+    mcp.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST[:PORT]",
+        help="the sessions' egress allowlist (docker-* and sandboxed-* executors; repeatable): "
+        "their code reaches these hosts through kernelexec's proxy, nothing else",
+    )
     http = mcp.add_argument_group("streamable HTTP")
     http.add_argument("--http", action="store_true", help="serve streamable HTTP, not stdio")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -85,6 +92,7 @@ def _hub_options(args: argparse.Namespace) -> Any:
             extra["working_dir"] = args.remote_working_dir
     elif args.executor == "gateway":
         raise SystemExit("kernelexec: the gateway executor needs --remote URL")
+    extra.update(_egress_options(args))
     return HubOptions(
         executor=args.executor,
         timeout=args.timeout,
@@ -92,6 +100,26 @@ def _hub_options(args: argparse.Namespace) -> Any:
         idle_timeout=args.idle_timeout or None,
         warm=args.warm,
         executor_options=extra,
+    )
+
+
+def _egress_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--allow``: every session's egress allowlist (a bad entry or executor: ValueError)."""
+    allow = getattr(args, "allow", None)
+    if not allow:
+        return {}
+    from .._network import NetworkPolicy
+
+    policy = NetworkPolicy(allow=allow)
+    if args.executor.startswith("docker-"):
+        return {"network": policy}
+    if args.executor.startswith("sandboxed-"):
+        from ..backends._sandbox import SandboxOptions
+
+        return {"sandbox": SandboxOptions(network=policy)}
+    raise ValueError(
+        "--allow applies to the isolating executors (docker-kernel, docker-command, "
+        f"sandboxed-kernel, sandboxed-command), not {args.executor!r}"
     )
 
 

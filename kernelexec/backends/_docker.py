@@ -28,7 +28,14 @@ import docker.types
 import requests.exceptions
 
 from .._door import Door
-from .._errors import DockerConfigError, DockerUnavailable, ImageNotFound, KernelExecError
+from .._errors import (
+    BackendUnavailable,
+    DockerConfigError,
+    DockerUnavailable,
+    ImageNotFound,
+    KernelExecError,
+)
+from .._types import NetworkEvent
 from .._version import __version__
 from .._workdir import INTERNAL_DIR
 from ._docker_options import DEFAULT_IMAGE as DEFAULT_IMAGE
@@ -44,6 +51,16 @@ from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
 from ._docker_options import DockerOptions as DockerOptions
 from ._docker_options import merge_options as merge_options
+from ._egress import (
+    DNS_TRAP,
+    EGRESS_RELAY_SCRIPT,
+    PROXY_PORT,
+    RELAY_USER,
+    Egress,
+    EgressRelay,
+    host_index,
+    proxy_environment,
+)
 from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
 
 _HOW_TO_START = (
@@ -221,8 +238,13 @@ def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> di
         kwargs["memswap_limit"] = options.memory
     if options.cpus is not None:
         kwargs["nano_cpus"] = int(options.cpus * 1e9)
-    if not options.network:
+    if not options.full_network:
         kwargs["network_mode"] = "none"
+    if options.egress_policy is not None:
+        # The resolver is the egress relay's DNS trap (it refuses and logs every query), which
+        # binds port 53 as an unprivileged uid; the namespace has loopback only.
+        kwargs["dns"] = [DNS_TRAP]
+        kwargs["sysctls"] = {"net.ipv4.ip_unprivileged_port_start": "0"}
     if options.read_only:
         kwargs["read_only"] = True
     if options.runtime is not None:
@@ -244,7 +266,10 @@ def container_env(options: DockerOptions, extra: Mapping[str, str] | None = None
     # No MPLBACKEND here: a kernel picks its inline back end; command runs set Agg themselves.
     base = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
     given = _as_mapping(options.run_kwargs.get("environment"), None)
-    return {**base, **given, **options.environment, **(extra or {})}
+    policy = options.egress_policy
+    # The proxy's variables win over the caller's: the policy is the one way out.
+    proxy = proxy_environment(policy) if policy is not None else {}
+    return {**base, **given, **options.environment, **(extra or {}), **proxy}
 
 
 def _as_mapping(value: Any, bare: str | None) -> dict[str, str]:
@@ -336,6 +361,8 @@ class ContainerHandle:
         #: where the container ``close()`` kept is (``DockerOptions.auto_remove`` /
         #: ``stop_container``), in words; None when nothing was kept
         self.kept: str | None = None
+        #: the session's egress proxy (``network=NetworkPolicy(...)``), made by ``prepare``
+        self.egress: Egress | None = None
         self._client: docker.DockerClient | None = None
 
     async def prepare(self, work_dir: Path) -> None:
@@ -348,6 +375,9 @@ class ContainerHandle:
             self._client = await asyncio.to_thread(make_client, self.options)
         await asyncio.to_thread(check_image, self._client, self.options.image)
         await asyncio.to_thread(prepare_host_dir, work_dir, self.options)
+        policy = self.options.egress_policy
+        if policy is not None and self.egress is None:
+            self.egress = await asyncio.to_thread(Egress, policy)
 
     async def create(self, spec: ContainerSpec) -> Any:
         """Create and start a container that the handle does not keep."""
@@ -378,6 +408,9 @@ class ContainerHandle:
         except DockerUnavailable:
             if not best_effort:
                 raise
+        finally:
+            if self.egress is not None:
+                await asyncio.to_thread(self.egress.drop_relay, container.id)
 
     async def release(self) -> str | None:
         """At ``close()``: remove the current container, or keep it as the options say.
@@ -425,6 +458,12 @@ class ContainerHandle:
         """Refresh ``container``'s state; False when the engine no longer has it at all."""
         return await self.call("inspecting the container", _reload, container)
 
+    async def take_network_log(self) -> list[NetworkEvent]:
+        """The egress proxy's log since the last call (empty without a policy)."""
+        if self.egress is None:
+            return []
+        return await asyncio.to_thread(self.egress.take_log)
+
     async def call(self, what: str, func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
         """``func(*args, **kwargs)`` in a worker thread, Docker errors translated."""
         return await asyncio.to_thread(call, what, func, *args, **kwargs)
@@ -458,6 +497,9 @@ class ContainerHandle:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+        egress, self.egress = self.egress, None
+        if egress is not None:
+            egress.close()
         if self.door is not None:
             self.door.close()
 
@@ -497,13 +539,56 @@ class ContainerHandle:
                 try:
                     container.start()
                     self._check_mount(container, marker)
+                    self._attach_egress(container)
                 except BaseException:
                     force_remove(container)
+                    if self.egress is not None:
+                        self.egress.drop_relay(str(container.id))
                     raise
         finally:
             assert self.door is not None
             self.door.unlink(marker)
         return container
+
+    def _attach_egress(self, container: Any) -> None:
+        """Start the container's egress relay (see ``_egress``) and wait until it listens on
+        the container's loopback: the first block may use the proxy at once."""
+        if self.egress is None:
+            return
+        from docker.utils.socket import frames_iter
+
+        limit = str(self.egress.policy.max_connections * 2)
+        argv = ["python3", "-I", "-S", "-c", EGRESS_RELAY_SCRIPT, str(PROXY_PORT), limit]
+        # Never the code's own uid: the code must not be able to signal or trace the relay.
+        code_uid = self.options.resolved_user().partition(":")[0]
+        user = RELAY_USER if code_uid != RELAY_USER.partition(":")[0] else "65532:65532"
+        _, stream = _exec_start(self._api(), container.id, argv, {}, True, user=user)
+        relay = EgressRelay(stream, frames_iter, self.egress.connect, self.egress.dns_refused)
+        self.egress.add_relay(container.id, relay)
+        if not relay.wait_listening(30):
+            raise DockerUnavailable("the container's egress relay did not start listening")
+        if self.egress.policy.packages:
+            self._install_packages(container, self.egress)
+
+    def _install_packages(self, container: Any, egress: Egress) -> None:
+        """pip installs the policy's packages into the container user's site, through the
+        proxy, its index's hosts allowed for this step only (no code of the session runs yet).
+        Its connections are in the next block's ``network_log``."""
+        url, hosts = host_index()
+        argv = ["python3", "-m", "pip", "install", "-q", "--index-url", url]
+        env = container_env(self.options, {"PIP_INDEX_URL": url})
+        with egress.widened(hosts):
+            created = self._api().exec_create(
+                container.id, [*argv, *egress.policy.packages], environment=env, workdir=WORKSPACE
+            )
+            output = self._api().exec_start(created["Id"])
+            code = self._api().exec_inspect(created["Id"]).get("ExitCode")
+        if code != 0:
+            text = output.decode("utf-8", "replace") if isinstance(output, bytes) else str(output)
+            raise BackendUnavailable(
+                f"installing the packages {list(egress.policy.packages)} from {url} failed "
+                f"(pip exit status {code}):\n{text[-3000:]}"
+            )
 
     def _write_marker(self) -> Path:
         """A file in the work dir the new container must see (else its mount is the wrong one)."""
@@ -588,6 +673,7 @@ def _exec_start(
     argv: Sequence[str],
     env: Mapping[str, str],
     stdin: bool = False,
+    user: str = "",
 ) -> tuple[str, Any]:
     created = api.exec_create(
         container_id,
@@ -597,6 +683,7 @@ def _exec_start(
         stdin=stdin,
         environment=dict(env),
         workdir=WORKSPACE,
+        user=user,
     )
     exec_id = created["Id"]
     return exec_id, api.exec_start(exec_id, socket=True)

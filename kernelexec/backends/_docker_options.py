@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
+from .._network import NetworkPolicy, check_network
+
 DEFAULT_IMAGE = "kernelexec/python:latest"
 #: the same image plus gateway_provisioners' kernel launchers (``image build --with-launchers``)
 LAUNCHERS_IMAGE = "kernelexec/python:launchers"
@@ -46,7 +48,11 @@ class DockerOptions:
 
     image: str = DEFAULT_IMAGE
     user: str | None = None
-    network: bool = False
+    #: ``"none"`` (no network, the default), ``"all"`` (the engine's bridge: an explicit opt-in)
+    #: or a ``NetworkPolicy``: still no network, and a host-side proxy reached on the
+    #: container's loopback opens only what it allows (see ``backends/_egress``). ``False`` and
+    #: ``True`` are the old spellings of ``"none"`` and ``"all"``.
+    network: bool | str | NetworkPolicy = False
     memory: str | None = "2g"
     cpus: float | None = 1.0
     pids_limit: int | None = 256
@@ -81,6 +87,7 @@ class DockerOptions:
     runtime: str | None = None
 
     def __post_init__(self) -> None:
+        check_network(self.network)
         if self.bind_dir is not None and not PurePosixPath(os.fspath(self.bind_dir)).is_absolute():
             raise ValueError(
                 f"bind_dir must be an absolute path on the Docker host: {self.bind_dir!r}"
@@ -89,6 +96,17 @@ class DockerOptions:
             raise ValueError("container_name must not be empty")
         if self.runtime is not None and not self.runtime.strip():
             raise ValueError("runtime must not be empty (None: the engine's default)")
+
+    @property
+    def full_network(self) -> bool:
+        """Whether containers join the engine's network (``network="all"``)."""
+        return check_network(self.network) == "all"
+
+    @property
+    def egress_policy(self) -> NetworkPolicy | None:
+        """The allowlist the egress proxy enforces, when ``network`` is one."""
+        mode = check_network(self.network)
+        return mode if isinstance(mode, NetworkPolicy) else None
 
     @property
     def shares_host_kernel(self) -> bool:

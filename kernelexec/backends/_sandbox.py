@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, InvalidNetworkPolicy
+from .._network import NetworkPolicy, check_network
 
 #: Paths hidden by default: where credentials usually live.
 DEFAULT_HIDE = (
@@ -74,7 +75,10 @@ class SandboxOptions:
     changes, not their contents').
     """
 
-    network: bool = False
+    #: ``"none"`` (the default), ``"all"`` (the host's network) or a ``NetworkPolicy``: no
+    #: network, and the host-side egress proxy on the sandbox's loopback (``backends/_egress``).
+    #: ``False``/``True`` are the old spellings of ``"none"``/``"all"``.
+    network: bool | str | NetworkPolicy = False
     hide: Sequence[str] = DEFAULT_HIDE
     writable: Sequence[str] = ()
     readable: Sequence[str] = ()
@@ -83,8 +87,25 @@ class SandboxOptions:
     host_gid: int = NOBODY
 
     def __post_init__(self) -> None:
+        mode = check_network(self.network)
+        if isinstance(mode, NetworkPolicy) and mode.packages:
+            raise InvalidNetworkPolicy(
+                "NetworkPolicy(packages=...) installs at a Docker session's start; a sandbox "
+                "does not yet (pip install inside a block works when the index is allowed)"
+            )
         if self.host_uid <= 0 or self.host_gid <= 0:
             raise ValueError("host_uid and host_gid must name an unprivileged user (not 0)")
+
+    @property
+    def full_network(self) -> bool:
+        """Whether the sandbox shares the host's network (``network="all"``)."""
+        return check_network(self.network) == "all"
+
+    @property
+    def egress_policy(self) -> NetworkPolicy | None:
+        """The allowlist the egress proxy enforces, when ``network`` is one."""
+        mode = check_network(self.network)
+        return mode if isinstance(mode, NetworkPolicy) else None
 
 
 def sandbox_options(value: bool | SandboxOptions | None) -> SandboxOptions | None:
@@ -130,15 +151,17 @@ def bwrap_argv(
     work_dir: Path,
     env: Mapping[str, str],
     writable: Sequence[str | Path] = (),
+    readable: Sequence[str | Path] = (),
 ) -> list[str]:
     """``argv`` run inside a sandbox whose only writable places are ``work_dir``,
-    ``writable`` and the options' own; ``env`` is the whole environment it sees (plus
-    ``BASE_ENV`` from the host)."""
+    ``writable`` and the options' own; ``readable`` are shown read-only (the egress proxy's
+    folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host)."""
     bwrap, root = bwrap_path(), host_is_root()
     work = _real(work_dir)
     places = [work, *(_real(p) for p in [*writable, *options.writable])]
     hidden = _hidden(options)
     shown = _shown(options, argv[0] if argv else sys.executable, env)
+    shown += [_real(p) for p in readable]
     out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--perms", "1777", "--size", str(options.tmp_size), "--tmpfs", "/tmp"]
     # the sandbox's user writes shared memory too, within the same bound as /tmp
@@ -178,10 +201,10 @@ def _bind(how: str, path: str, covered: Sequence[str]) -> list[str]:
 def _namespaces(options: SandboxOptions, root: bool) -> list[str]:
     if not root:
         # --unshare-all includes a user namespace where bwrap can make one (not setuid)
-        return ["--unshare-all", *(["--share-net"] if options.network else [])]
+        return ["--unshare-all", *(["--share-net"] if options.full_network else [])]
     # No user namespace in the outer sandbox: as root bwrap would map the sandbox to host root.
     out = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-    return out if options.network else [*out, "--unshare-net"]
+    return out if options.full_network else [*out, "--unshare-net"]
 
 
 def _drop_privileges(options: SandboxOptions) -> list[str]:
@@ -246,7 +269,7 @@ def _shown(options: SandboxOptions, program: str, env: Mapping[str, str]) -> lis
     resolver's configuration (``/etc/resolv.conf`` often links into ``/run``)."""
     paths = [*_interpreter_roots(program), *(_real(p) for p in options.readable)]
     paths += [_real(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
-    if options.network:
+    if options.full_network:
         paths.append(_real("/etc/resolv.conf"))
     return [p for p in paths if os.path.exists(p)]
 

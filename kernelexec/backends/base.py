@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .._types import NetworkEvent
+
 ByteSink = Callable[[bytes], None]
 
 
@@ -79,6 +81,11 @@ class CommandBackend(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release what ``start`` created."""
+
+    async def take_network_log(self) -> list[NetworkEvent]:
+        """The connections the code asked the egress proxy for since the last call (a back end
+        under ``network=NetworkPolicy(...)``); called after each block. The default: none."""
+        return []
 
 
 class KernelClientLike(Protocol):
@@ -165,6 +172,10 @@ class KernelBackend(ABC):
         block never ran. A death the cheap check had not seen yet (the engine knew, the relay
         not) is then told as an idle one. The default cannot tell: False."""
         return False
+
+    async def take_network_log(self) -> list[NetworkEvent]:
+        """As ``CommandBackend.take_network_log``."""
+        return []
 
     @abstractmethod
     async def shutdown(self) -> None:

@@ -26,6 +26,7 @@ from docker.utils.socket import STDERR, frames_iter
 
 from .._door import Door
 from .._errors import DockerUnavailable, KernelExecError
+from .._types import NetworkEvent
 from .._workdir import INTERNAL_DIR
 from ._docker import (
     WORKSPACE,
@@ -284,6 +285,9 @@ class DockerCommand(CommandBackend):
             await self._docker.release()
         finally:
             self._docker.close()
+
+    async def take_network_log(self) -> list[NetworkEvent]:
+        return await self._docker.take_network_log()
 
     @property
     def kept(self) -> str | None:

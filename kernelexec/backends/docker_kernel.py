@@ -38,6 +38,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from .._door import Door
 from .._errors import DockerConfigError, KernelStartFailed, UnsafePath
+from .._types import NetworkEvent
 from .._workdir import INTERNAL_DIR
 from ._docker import (
     LABEL_RUNTIME_DIR,
@@ -172,6 +173,13 @@ else:
     listener.bind(path)
 listener.listen(4)
 threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
+
+if os.environ.get("PIP_USER"):
+    # An egress policy lets pip install into the user site (HOME=/tmp): a folder missing when
+    # the interpreter started is never looked at again, so make it and put it on the path now.
+    import site
+    os.makedirs(site.getusersitepackages(), exist_ok=True)
+    site.addsitedir(site.getusersitepackages())
 
 sys.argv = ["ipykernel_launcher", "-f", os.path.join(runtime, "kernel.json")]
 from ipykernel import kernelapp
@@ -311,6 +319,9 @@ class DockerKernel(KernelBackend):
     def death_reason(self) -> str | None:
         return self._death
 
+    async def take_network_log(self) -> list[NetworkEvent]:
+        return await self._docker.take_network_log()
+
     async def died_before(self, when: float) -> bool:
         # The engine's clock is this host's: its record of when the container ended is a fact
         # the relay may learn only later (under gVisor the exec stream ends after the engine
@@ -339,7 +350,7 @@ class DockerKernel(KernelBackend):
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
         self._runtime = self._make_runtime_dir()
-        info = _connection_info(network=self.options.network and not self.relayed)
+        info = _connection_info(network=self.options.full_network and not self.relayed)
         door, inside = self._runtime_door(self._runtime)
         if door is not None:
             # In the work dir: handed over and written through the door, never by a path
@@ -433,14 +444,14 @@ class DockerKernel(KernelBackend):
     def _container_view(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.relayed:
             return {**info, "transport": "tcp", "ip": "127.0.0.1", **_CONTAINER_PORTS}
-        if self.options.network:
+        if self.options.full_network:
             return {**info, "ip": "0.0.0.0", **_CONTAINER_PORTS}
         return {**info, "ip": f"{RUNTIME}/kernel"}
 
     async def _host_view(self, info: dict[str, Any]) -> dict[str, Any]:
         """The host's connection info: the mount's host path, or the published ports."""
         assert self._runtime is not None
-        if not self.options.network or self.relayed:
+        if not self.options.full_network or self.relayed:
             return {**info, "ip": str(self._sockets() / "kernel")}
         container = self._docker.container
         await self._docker.call("inspecting the kernel container", container.reload)
@@ -459,7 +470,7 @@ class DockerKernel(KernelBackend):
         command = ["python3", "-c", _LAUNCHER, RUNTIME]
         if self.relayed:
             command.append(str(_REAPER_PORT))
-        elif self.options.network:
+        elif self.options.full_network:
             ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
             run_kwargs["ports"] = ports
         return ContainerSpec(

@@ -10,6 +10,7 @@ hold no host right: a root host's code runs as an unprivileged user with no capa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,9 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from .._types import NetworkEvent
 from ._containment import Jail
+from ._egress import Egress, sandbox_argv, sandbox_environment
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
@@ -35,6 +38,7 @@ class SandboxedCommand(LocalCommand):
     def __init__(self, *, sandbox: SandboxOptions | None = None, **options: Any) -> None:
         super().__init__(**options)
         self.sandbox = sandbox or SandboxOptions()
+        self._egress = _Egress(self.sandbox)
         check_sandbox()
 
     async def run(
@@ -48,7 +52,12 @@ class SandboxedCommand(LocalCommand):
         on_stderr: ByteSink,
     ) -> CommandOutcome:
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
-        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env)
+        egress = self._egress.get()
+        if egress is not None:
+            argv = sandbox_argv(egress, list(argv), sys.executable)
+            env = sandbox_environment(egress, env)
+        readable = [egress.folder] if egress is not None else []
+        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env, readable=readable)
         return await super().run(
             wrapped,
             work_dir=work_dir,
@@ -57,6 +66,38 @@ class SandboxedCommand(LocalCommand):
             on_stdout=on_stdout,
             on_stderr=on_stderr,
         )
+
+    async def take_network_log(self) -> list[NetworkEvent]:
+        return await self._egress.take()
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            self._egress.close()
+
+
+class _Egress:
+    """A sandboxed back end's egress proxy (``network=NetworkPolicy``), made on first use."""
+
+    def __init__(self, options: SandboxOptions) -> None:
+        self._policy = options.egress_policy
+        self._egress: Egress | None = None
+
+    def get(self) -> Egress | None:
+        if self._policy is not None and self._egress is None:
+            self._egress = Egress(self._policy, shared=True)
+        return self._egress
+
+    async def take(self) -> list[NetworkEvent]:
+        if self._egress is None:
+            return []
+        return await asyncio.to_thread(self._egress.take_log)
+
+    def close(self) -> None:
+        egress, self._egress = self._egress, None
+        if egress is not None:
+            egress.close()
 
 
 class _SandboxedSpecs(KernelSpecManager):
@@ -85,6 +126,7 @@ class SandboxedKernel(LocalKernel):
     def __init__(self, *, sandbox: SandboxOptions | None = None, **options: Any) -> None:
         super().__init__(**options)
         self.sandbox = sandbox or SandboxOptions()
+        self._egress = _Egress(self.sandbox)
         check_sandbox()
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
@@ -111,8 +153,19 @@ class SandboxedKernel(LocalKernel):
         # not in the private /tmp a block can fill.
         env.setdefault("IPYTHONDIR", os.path.join(run, "ipython"))
         env.setdefault("MPLCONFIGDIR", os.path.join(run, "matplotlib"))
+        egress = self._egress.get()
+        readable = []
+        if egress is not None:
+            inner = sandbox_argv(egress, inner, python)
+            env = sandbox_environment(egress, env)
+            readable.append(egress.folder)
         argv = bwrap_argv(
-            self.sandbox, inner, work_dir=self._work_dir, env=env, writable=[self._ipc_dir]
+            self.sandbox,
+            inner,
+            work_dir=self._work_dir,
+            env=env,
+            writable=[self._ipc_dir],
+            readable=readable,
         )
         # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
         sandboxed = _SandboxedManager(
@@ -125,6 +178,15 @@ class SandboxedKernel(LocalKernel):
         sandboxed.sandbox = self.sandbox
         sandboxed.shutdown_wait_time = km.shutdown_wait_time
         return sandboxed
+
+    async def take_network_log(self) -> list[NetworkEvent]:
+        return await self._egress.take()
+
+    async def shutdown(self) -> None:
+        try:
+            await super().shutdown()
+        finally:
+            self._egress.close()
 
 
 class _SandboxedManager(AsyncKernelManager):

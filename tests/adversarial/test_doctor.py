@@ -105,3 +105,17 @@ def test_doctor_reports_a_container_run_as_root_with_capabilities_as_failing(
         assert kept.cells[probe].status == "holds", (probe, kept.cells[probe])
     assert weakened.cells["uid"].status == "FAILS" and weakened.cells["caps"].status == "FAILS"
     assert {"uid", "caps"} <= set(weakened.failed)
+
+
+def test_doctor_under_an_allowlist_finds_its_listeners_closed_through_the_proxy() -> None:
+    problem = _sandbox_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    from kernelexec import NetworkPolicy
+    from kernelexec._doctor import targets
+
+    (row,) = run_doctor(
+        targets(["sandboxed-command"], network=NetworkPolicy(allow=["127.0.0.1:1"]))
+    )
+    assert row.cells["network"].status == "holds", row.cells["network"]
+    assert "holds" in row.cells["network"].status and not row.failed

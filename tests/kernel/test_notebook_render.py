@@ -64,7 +64,8 @@ def _kinds(cell: NotebookNode) -> list[str]:
 
 def test_a_plot_renders_as_an_image_and_its_print_as_a_stream(executed: NotebookNode) -> None:
     cell = executed.cells[1]
-    assert _kinds(cell) == ["stream:stdout", "display_data:image/png,text/plain"]
+    chart = "application/vnd.kernelexec.chart+json"  # the chart document travels with it
+    assert _kinds(cell) == ["stream:stdout", f"display_data:{chart},image/png,text/plain"]
     assert cell.outputs[0].text == "hi\n"
     assert cell.outputs[1].data["image/png"].startswith("iVBOR")  # base64 PNG, no file path
 

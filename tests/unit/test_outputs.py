@@ -108,6 +108,12 @@ def test_execute_result_text_and_count(tmp_path: Path) -> None:
     assert_valid(done.outputs)
 
 
+SAID_AS_CHARTS = {
+    "application/vnd.plotly.v1+json": "chart: plotly: 0 traces",
+    "application/vnd.vegalite.v5+json": "chart: vega-lite bar",
+}
+
+
 @pytest.mark.parametrize(
     ("mime", "payload", "suffix", "expected"),
     [
@@ -138,6 +144,8 @@ def test_every_mime_with_a_file_form_is_saved(
     else:
         assert path.read_bytes() == expected
     saved = f"[{mime} saved to outputs/cell3-1.{suffix}]"
+    if mime in SAID_AS_CHARTS:  # a chart's own spec: what it shows, then its file
+        saved = f"[{SAID_AS_CHARTS[mime]}; saved to outputs/cell3-1.{suffix}]"
     # A bare repr beside a saved image (matplotlib's "<Figure size ...>") is noise: dropped.
     assert done.output == (saved if mime.startswith("image/") else f"<obj>\n{saved}")
     assert "iVBOR" not in done.output and PNG not in done.output

@@ -1,0 +1,961 @@
+"""The egress proxy: the one way out for code under ``network=NetworkPolicy(...)``.
+
+The code's environment keeps no interface but loopback. This host-side proxy (HTTP ``CONNECT``
+and plain HTTP forwarding, asyncio on a loop thread of its own) listens on a unix socket in a
+private folder; the code reaches it on ``127.0.0.1:PROXY_PORT`` inside, where a small relay
+carries each connection across:
+
+* Docker (runc and gVisor alike): ``EGRESS_RELAY_SCRIPT`` runs in the container through one
+  ``docker exec`` as a uid of its own (``RELAY_USER``: the block's ``kill -1`` and the kernel's
+  reaper cannot touch it), listens on the loopback port and multiplexes its connections over
+  the exec's stdin/stdout, the frames of ``_docker_relay``; ``EgressRelay`` is the host side.
+  gVisor connects to no host unix socket (``--host-uds`` is off), so one transport serves both.
+* bubblewrap: the proxy's socket is bound into the sandbox and ``SOCKET_RELAY_SCRIPT`` runs
+  inside, relaying the loopback port to it.
+
+The proxy decides on the request's host (the ``CONNECT`` target, the URL and its ``Host``
+header, and a TLS client hello's server name when one is sent), resolves names itself and
+connects to the address it checked; every attempt goes to the ``EgressLog`` that the executor
+drains into each block's ``network_log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._network import Address, NetworkPolicy, normalize_name, parse_address
+from .._types import NetworkEvent
+from ._docker_relay import CLOSE, DATA, HEADER, OPEN
+
+log = logging.getLogger("kernelexec.egress")
+
+#: the proxy's port on the code's loopback (``HTTP_PROXY=http://127.0.0.1:PROXY_PORT``)
+PROXY_PORT = 3128
+#: the uid:gid the in-container relay runs as: not the block's, so the block cannot signal it
+RELAY_USER = "65533:65533"
+#: a request head past this is refused (431)
+MAX_HEAD = 64 * 1024
+#: seconds a client may take to send its request head
+HEAD_TIMEOUT = 30.0
+_CHUNK = 65536
+#: the connection id the in-container relay's "listening" frame carries
+_READY = 0
+#: the frame kind that reports a DNS query the container's resolver stub refused
+DNS = 4
+#: where a container's resolver points under a policy: the relay's DNS trap
+DNS_TRAP = "127.0.0.1"
+_NO_DNS = (
+    "no DNS inside: names are resolved by the egress proxy, on the host, and only for "
+    "allowed hosts (use the HTTP(S) proxy in HTTP_PROXY/HTTPS_PROXY)"
+)
+_PROXY_DOWN = (
+    "the egress proxy was not running (it is restarted now: try again); "
+    "kernelexec reported this, the code's request never left the host"
+)
+
+
+def sandbox_environment(egress: Egress, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` plus the proxy's variables, for a bubblewrap sandbox. Its interpreter is the
+    host's, often a virtualenv (no user site), so pip installs into a folder of the sandbox's
+    private /tmp (``PIP_TARGET``) that the code's Python finds first; named after the egress
+    folder, so no host path of that name is bound there (PYTHONPATH's folders are shown)."""
+    proxy = proxy_environment(egress.policy)
+    del proxy["PIP_USER"]
+    site = f"/tmp/{egress.folder.name}-site"
+    path = [site, *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, **proxy, "PIP_TARGET": site, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def proxy_environment(policy: NetworkPolicy) -> dict[str, str]:
+    """The variables that point the code's HTTP clients (and pip) at the proxy.
+
+    ``NO_PROXY`` lists loopback only when no loopback address is allowed: with one allowed
+    (``127.0.0.1:8080``, the host's own port) the code's requests to it must go through the
+    proxy, which reaches the host's loopback, not the sandbox's.
+    """
+    url = f"http://127.0.0.1:{PROXY_PORT}"
+    loopback = any(r.address is not None and r.address.is_loopback for r in policy.rules)
+    no_proxy = "" if loopback else "localhost,127.0.0.1,::1"
+    env = {"PIP_PROXY": url, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_USER": "1"}
+    # The image's Python is the distribution's (PEP 668): user installs into the sandbox's own
+    # HOME are what a session's packages are, not a change to the system's.
+    env["PIP_BREAK_SYSTEM_PACKAGES"] = "1"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        env[name] = url
+    for name in ("NO_PROXY", "no_proxy"):
+        env[name] = no_proxy
+    return env
+
+
+def host_index() -> tuple[str, list[str]]:
+    """The package index the host's pip uses (``PIP_INDEX_URL``, else its configuration, else
+    PyPI) and the allowlist entries its downloads need."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            url = proc.stdout.strip() if proc.returncode == 0 else ""
+    url = url or "https://pypi.org/simple"
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or "pypi.org"
+    hosts = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if host == "pypi.org":
+        hosts.append("files.pythonhosted.org:443")  # where PyPI's files are
+    return url, hosts
+
+
+# -- the log ---------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class _Record:
+    host: str
+    port: int
+    method: str
+    allowed: bool
+    reason: str = ""
+    up: int = 0
+    down: int = 0
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+
+    def event(self) -> NetworkEvent:
+        end = self.ended if self.ended is not None else time.time()
+        return NetworkEvent(
+            host=self.host,
+            port=self.port,
+            allowed=self.allowed,
+            reason=self.reason,
+            method=self.method,
+            bytes_up=self.up,
+            bytes_down=self.down,
+            time=self.started,
+            duration_s=max(0.0, end - self.started),
+            open=self.ended is None,
+        )
+
+
+class EgressLog:
+    """Connection attempts since the last ``take``, at most ``limit`` kept (the rest counted)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._records: list[_Record] = []
+        self._dropped = 0
+
+    def add(self, record: _Record) -> _Record:
+        with self._lock:
+            if len(self._records) < self._limit:
+                self._records.append(record)
+            else:
+                self._dropped += 1
+        return record
+
+    def take(self, settle: float = 0.5) -> list[NetworkEvent]:
+        """The attempts so far as events; allowed connections still open get up to ``settle``
+        seconds to end first (a client that just finished closes a moment later)."""
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(r.ended is not None for r in self._records):
+                    break
+            time.sleep(0.02)
+        with self._lock:
+            records, self._records = self._records, []
+            dropped, self._dropped = self._dropped, 0
+        events = [r.event() for r in records]
+        if dropped:
+            events.append(
+                NetworkEvent(
+                    host="(more)",
+                    port=0,
+                    allowed=False,
+                    reason=f"{dropped} more connection attempts, not listed (log limit "
+                    f"{self._limit} per block)",
+                    method="-",
+                    time=time.time(),
+                )
+            )
+        return events
+
+
+# -- the proxy -------------------------------------------------------------------------------------
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class EgressProxy:
+    """The proxy's server: a loop thread serving ``socket_path`` until ``stop``."""
+
+    def __init__(self, policy: NetworkPolicy, socket_path: Path, egress_log: EgressLog) -> None:
+        self.policy = policy
+        self.socket_path = socket_path
+        self.log = egress_log
+        self._open = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._server is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kernelexec-egress")
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Stop serving: open connections are cut, the socket goes. Safe to call twice."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+        self._server = None
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            self._server = loop.run_until_complete(
+                asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+            )
+            os.chmod(self.socket_path, 0o666)  # the folder's mode and owner guard it
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server, self._server = self._server, None
+            if server is not None:
+                server.close()
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(asyncio.sleep(0))
+            loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._handle(reader, writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            pass
+        except Exception:  # one connection's bug must not end the proxy
+            log.exception("kernelexec egress proxy: a connection failed")
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        except asyncio.LimitOverrunError:
+            await _reply(writer, 431, "the request head is longer than 64 KiB")
+            return
+        request = _parse_head(head)
+        if request is None:
+            await _reply(writer, 400, "not an HTTP proxy request")
+            return
+        method, host, port, rest = request
+        record = self.log.add(_Record(host=host, port=port, method=method, allowed=False))
+        try:
+            if self._open >= self.policy.max_connections:
+                raise _Refused(
+                    503,
+                    f"too many connections open at once (limit {self.policy.max_connections})",
+                )
+            self._open += 1
+            try:
+                await self._forward(record, method, rest, head, reader, writer)
+            finally:
+                self._open -= 1
+        except _Refused as refused:
+            record.reason = refused.reason
+            record.allowed = False
+            await _reply(writer, refused.status, refused.reason)
+        finally:
+            record.ended = time.time()
+
+    async def _forward(
+        self,
+        record: _Record,
+        method: str,
+        rest: bytes,
+        head: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        host, port = record.host, record.port
+        reason = self.policy.check_request(host, port)
+        if reason is not None:
+            raise _Refused(403, reason)
+        address = await self._resolve(host, port)
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(str(address), port), self.policy.connect_timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise _Refused(502, f"cannot connect to {host}:{port} ({address}): {exc}") from exc
+        record.allowed = True
+        try:
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+                await self._check_sni(record, reader, up_writer)
+            else:
+                up_writer.write(rest)
+                record.up += len(rest)
+            await self._pump(record, reader, writer, up_reader, up_writer)
+        finally:
+            up_writer.close()
+
+    async def _resolve(self, host: str, port: int) -> Address:
+        literal = parse_address(host)
+        if literal is not None:
+            return literal  # allowed by address (check_request said so)
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                self.policy.connect_timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise _Refused(502, f"{host} does not resolve on the host ({exc})") from exc
+        reasons = []
+        for info in infos:
+            address = parse_address(str(info[4][0]))
+            if address is None:
+                continue
+            why = self.policy.check_resolved(host, port, address)
+            if why is None:
+                return address
+            reasons.append(why)
+        raise _Refused(403, reasons[0] if reasons else f"{host} has no usable address")
+
+    async def _check_sni(
+        self, record: _Record, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter
+    ) -> None:
+        """A TLS client hello naming another server than the CONNECT target is cut (domain
+        fronting through an allowed name); other first bytes pass as they are."""
+        try:
+            first = await asyncio.wait_for(reader.read(_CHUNK), HEAD_TIMEOUT)
+        except asyncio.TimeoutError:
+            return
+        name = tls_server_name(first)
+        expected = normalize_name(record.host) or record.host
+        if name is not None and normalize_name(name) != expected:
+            record.allowed = False
+            record.reason = f"the TLS server name {name!r} is not the CONNECT target {expected!r}"
+            raise OSError(record.reason)
+        if first:
+            record.up += len(first)
+            up_writer.write(first)
+
+    async def _pump(
+        self,
+        record: _Record,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
+        limit = self.policy.max_upload_bytes
+
+        async def upload() -> None:
+            while data := await reader.read(_CHUNK):
+                record.up += len(data)
+                if record.up > limit:
+                    record.reason = f"cut: the upload passed the limit of {limit} bytes"
+                    return
+                up_writer.write(data)
+                await up_writer.drain()
+            with contextlib.suppress(OSError):
+                up_writer.write_eof()
+
+        async def download() -> None:
+            while data := await up_reader.read(_CHUNK):
+                record.down += len(data)
+                writer.write(data)
+                await writer.drain()
+
+        tasks = [asyncio.ensure_future(upload()), asyncio.ensure_future(download())]
+        try:
+            # The download ends the connection; an upload ending first only half-closes it.
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if tasks[0].done() and not tasks[1].done() and not record.reason:
+                await asyncio.wait({tasks[1]})  # the answer to a finished request
+            # else: the download ended it, or the upload was cut for the limit
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _parse_head(head: bytes) -> tuple[str, str, int, bytes] | None:
+    """``(method, host, port, head to send upstream)`` of a proxy request, or None."""
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError:
+        return None
+    line, _, header_text = text.partition("\r\n")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    method, target, version = parts
+    headers = [h for h in header_text.split("\r\n") if h]
+    if method == "CONNECT":
+        hostport = _host_port(target, None)
+        return None if hostport is None else (method, *hostport, b"")
+    if not target.lower().startswith("http://"):
+        return None
+    authority, slash, path = target[7:].partition("/")
+    hostport = _host_port(authority, 80)
+    if hostport is None or "@" in authority:
+        return None
+    host, port = hostport
+    kept = [f"{method} /{path if slash else ''} {version}"]
+    for header in headers:
+        name, _, value = header.partition(":")
+        key = name.strip().lower()
+        if key == "host":
+            given = _host_port(value.strip(), 80)
+            if given is None or (given[0].lower(), given[1]) != (host.lower(), port):
+                return None  # a Host header naming another server than the URL
+        if key in ("host", "connection", "proxy-connection", "proxy-authorization", "keep-alive"):
+            continue
+        kept.append(header)
+    kept += [f"Host: {authority}", "Connection: close"]
+    return method, host, port, ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
+
+
+def _host_port(text: str, default: int | None) -> tuple[str, int] | None:
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = text.rpartition(":") if ":" in text else (text, "", "")
+    if not host:
+        return None
+    if not port_text:
+        return None if default is None else (host, default)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    return host, int(port_text)
+
+
+async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    """A refusal the code's HTTP client reads, saying why (a model acts on the words)."""
+    titles = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large"}
+    title = titles.get(status, {502: "Bad Gateway", 503: "Service Unavailable"}.get(status, ""))
+    body = f"kernelexec egress proxy refused the request: {reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {title}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        f"X-Kernelexec-Refused: {reason[:200]}\r\n\r\n"
+    )
+    writer.write(head.encode("utf-8", "replace") + body)
+    with contextlib.suppress(OSError):
+        await writer.drain()
+
+
+def tls_server_name(data: bytes) -> str | None:
+    """The server name (SNI) in a TLS client hello's first record, or None (not TLS, no SNI,
+    cut short)."""
+    try:
+        if len(data) < 5 or data[0] != 0x16 or data[5] != 0x01:
+            return None
+        pos = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        pos += 1 + data[pos]  # session id
+        pos += 2 + struct.unpack_from(">H", data, pos)[0]  # cipher suites
+        pos += 1 + data[pos]  # compression methods
+        end = pos + 2 + struct.unpack_from(">H", data, pos)[0]
+        pos += 2
+        while pos + 4 <= end:
+            kind, size = struct.unpack_from(">HH", data, pos)
+            pos += 4
+            if kind == 0:  # server_name: list length, type, name length, name
+                name_len = struct.unpack_from(">H", data, pos + 3)[0]
+                return data[pos + 5 : pos + 5 + name_len].decode("ascii")
+            pos += size
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+# -- the owner: proxy, log, relays -----------------------------------------------------------------
+class Egress:
+    """One session's egress: its proxy (restarted when found dead), its log, its relays."""
+
+    def __init__(self, policy: NetworkPolicy, *, shared: bool = False) -> None:
+        self.policy = policy
+        self.log = EgressLog(policy.max_log_entries)
+        # A private folder (0700): only this process gets in, unless ``shared`` with a sandbox.
+        self.folder = Path(tempfile.mkdtemp(prefix="kernelexec-egress-"))
+        if shared:
+            # A sandbox's user connects to the socket (0666) but may not list, add or remove
+            # anything in the folder (root's, 0711).
+            os.chmod(self.folder, 0o711)
+        self.socket_path = self.folder / "proxy.sock"
+        self._lock = threading.Lock()
+        self._proxy = EgressProxy(policy, self.socket_path, self.log)
+        self._proxy.start()
+        self._relays: dict[str, EgressRelay] = {}
+        self.restarts = 0
+
+    @property
+    def proxy(self) -> EgressProxy:
+        return self._proxy
+
+    @contextlib.contextmanager
+    def widened(self, hosts: Sequence[str]) -> Iterator[None]:
+        """The policy plus ``hosts`` while the block runs (a session's package install, before
+        any code of the session's runs)."""
+        proxy = self._proxy
+        proxy.policy = self.policy.with_hosts(hosts)
+        try:
+            yield
+        finally:
+            proxy.policy = self.policy
+
+    def ensure_running(self) -> bool:
+        """Restart the proxy when it is found dead (after each block, and at once when a
+        relayed connection found it so); True when it was restarted."""
+        with self._lock:
+            if self._proxy.alive:
+                return False
+            log.warning("kernelexec: the egress proxy had stopped; restarting it")
+            self._proxy.stop()
+            self._proxy = EgressProxy(self.policy, self.socket_path, self.log)
+            self._proxy.start()
+            self.restarts += 1
+            return True
+
+    def connect(self) -> socket.socket | None:
+        """A connection to the proxy for one relayed connection; None (logged as a refusal,
+        the proxy restarted) when it is down."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if not self._proxy.alive:
+                raise ConnectionRefusedError("the proxy is not running")
+            sock.connect(str(self.socket_path))
+            return sock
+        except OSError:
+            sock.close()
+        self.log.add(_down_record())
+        threading.Thread(target=self.ensure_running, daemon=True).start()
+        return None
+
+    def dns_refused(self, name: str) -> None:
+        """A DNS query from the code (refused inside): logged, never sent anywhere."""
+        self.log.add(
+            _Record(
+                host=name or "(empty name)",
+                port=53,
+                method="DNS",
+                allowed=False,
+                reason=_NO_DNS,
+                ended=time.time(),
+            )
+        )
+
+    def take_log(self) -> list[NetworkEvent]:
+        """The block's attempts; a proxy found dead meanwhile is restarted (the block's code saw
+        its requests refused saying so)."""
+        if self.ensure_running():
+            # Found dead after the block: a sandbox's relay met the closed socket (and told the
+            # code so); the block's log says it too.
+            self.log.add(_down_record())
+        return self.log.take()
+
+    def add_relay(self, key: str, relay: EgressRelay) -> None:
+        with self._lock:
+            old = self._relays.pop(key, None)
+            self._relays[key] = relay
+        if old is not None:
+            old.close()
+
+    def drop_relay(self, key: str) -> None:
+        with self._lock:
+            relay = self._relays.pop(key, None)
+        if relay is not None:
+            relay.close()
+
+    def close(self) -> None:
+        with self._lock:
+            relays, self._relays = list(self._relays.values()), {}
+        for relay in relays:
+            relay.close()
+        self._proxy.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _down_record() -> _Record:
+    return _Record(
+        host="(proxy)",
+        port=PROXY_PORT,
+        method="-",
+        allowed=False,
+        reason=_PROXY_DOWN,
+        ended=time.time(),
+    )
+
+
+# -- the Docker relay: the container's loopback port to the proxy, over one exec ----------------
+# Runs in the container (``python3 -I -S -c EGRESS_RELAY_SCRIPT PORT MAX``) as RELAY_USER: listens
+# on the loopback port and carries each connection over stdin/stdout (frames as _docker_relay's).
+EGRESS_RELAY_SCRIPT = r"""
+import os, socket, struct, sys, threading
+HEADER = struct.Struct(">IBI")
+OPEN, DATA, CLOSE, DNS = 1, 2, 3, 4
+out_lock = threading.Lock()
+lock = threading.Lock()
+conns = {}
+limit = int(sys.argv[2])
+
+def send(cid, kind, data=b""):
+    view = memoryview(HEADER.pack(cid, kind, len(data)) + data)
+    with out_lock:
+        while view:
+            view = view[os.write(1, view):]
+
+def pump(cid, conn):
+    try:
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                break
+            send(cid, DATA, data)
+    except OSError:
+        pass
+    with lock:
+        gone = conns.pop(cid, None) is None
+    if not gone:
+        send(cid, CLOSE)
+    conn.close()
+
+def accept(listener):
+    cid = 0
+    while True:
+        conn, _ = listener.accept()
+        with lock:
+            full = len(conns) >= limit
+        if full:  # bounded here too: the host never sees the excess
+            conn.close()
+            continue
+        cid += 1
+        with lock:
+            conns[cid] = conn
+        send(cid, OPEN)
+        threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
+
+def read_exact(size):
+    chunks = []
+    while size:
+        data = os.read(0, size)
+        if not data:
+            return None
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+def dns_trap(trap):
+    # The container's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
+    # here and its name told to the host, which logs it.
+    while True:
+        data, peer = trap.recvfrom(4096)
+        pos, labels = 12, []
+        try:
+            while data[pos]:
+                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
+                pos += 1 + data[pos]
+            question = data[12:pos + 5]
+        except IndexError:
+            continue
+        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
+        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+        send(0, DNS, ".".join(labels)[:253].encode())
+
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", int(sys.argv[1])))
+listener.listen(128)
+trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+trap.bind(("127.0.0.1", 53))
+threading.Thread(target=accept, args=(listener,), daemon=True).start()
+threading.Thread(target=dns_trap, args=(trap,), daemon=True).start()
+send(0, OPEN)  # listening
+while True:
+    head = read_exact(HEADER.size)
+    if head is None:
+        os._exit(0)
+    cid, kind, size = HEADER.unpack(head)
+    data = read_exact(size) if size else b""
+    if data is None:
+        os._exit(0)
+    with lock:
+        conn = conns.get(cid)
+        if kind == CLOSE:
+            conns.pop(cid, None)
+    if conn is None:
+        continue
+    try:
+        if kind == DATA:
+            conn.sendall(data)
+        elif kind == CLOSE:
+            conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+"""
+
+
+class EgressRelay:
+    """The host side of ``EGRESS_RELAY_SCRIPT``: each connection the container opens becomes a
+    connection to the proxy (``connect``; None refuses it with a 502 saying why)."""
+
+    def __init__(
+        self,
+        stream: Any,
+        frames: Any,
+        connect: Callable[[], socket.socket | None],
+        on_dns: Callable[[str], None],
+    ) -> None:
+        self._stream = stream
+        self._on_dns = on_dns
+        self._raw: socket.socket = getattr(stream, "_sock", stream)
+        self._frames = frames
+        self._connect = connect
+        self._write_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._conns: dict[int, socket.socket] = {}
+        self._closed = False
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._demux, daemon=True, name="kernelexec-egress")
+        self._thread.start()
+
+    def wait_listening(self, timeout: float) -> bool:
+        return self._listening.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            _close(conn)
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._stream.close()
+        with contextlib.suppress(OSError):
+            self._raw.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _demux(self) -> None:
+        buffer = bytearray()
+        try:
+            for stream, data in self._frames(self._stream, False):
+                if stream != 1:
+                    log.debug("kernelexec egress relay (container): %r", data[:500])
+                    continue
+                buffer += data
+                while len(buffer) >= HEADER.size:
+                    cid, kind, size = HEADER.unpack_from(buffer)
+                    if len(buffer) < HEADER.size + size:
+                        break
+                    payload = bytes(buffer[HEADER.size : HEADER.size + size])
+                    del buffer[: HEADER.size + size]
+                    self._deliver(cid, kind, payload)
+        except (OSError, ValueError):
+            pass
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            _close(conn)
+
+    def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == DNS:
+            self._on_dns(payload.decode("ascii", "replace"))
+            return
+        if kind == OPEN:
+            if cid == _READY:
+                self._listening.set()
+                return
+            self._open(cid)
+            return
+        with self._lock:
+            conn = self._conns.get(cid)
+        if conn is None:
+            return
+        if kind == DATA:
+            try:
+                conn.sendall(payload)
+                return
+            except OSError:
+                pass
+        with self._lock:
+            self._conns.pop(cid, None)
+        _close(conn)  # the code's client went away (CLOSE), or the proxy did
+        if kind != CLOSE:
+            self._send(cid, CLOSE)
+
+    def _open(self, cid: int) -> None:
+        conn = self._connect()
+        if conn is None:
+            body = f"kernelexec: {_PROXY_DOWN}\n".encode()
+            reply = (
+                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            self._send(cid, DATA, reply)
+            self._send(cid, CLOSE)
+            return
+        with self._lock:
+            if self._closed:
+                _close(conn)
+                return
+            self._conns[cid] = conn
+        threading.Thread(target=self._pump, args=(cid, conn), daemon=True).start()
+
+    def _pump(self, cid: int, conn: socket.socket) -> None:
+        """Proxy -> container, until the proxy closes."""
+        try:
+            while data := conn.recv(_CHUNK):
+                if not self._send(cid, DATA, data):
+                    break
+        except OSError:
+            pass
+        with self._lock:
+            mine = self._conns.pop(cid, None) is not None
+        _close(conn)
+        if mine:
+            self._send(cid, CLOSE)
+
+    def _send(self, cid: int, kind: int, payload: bytes = b"") -> bool:
+        try:
+            with self._write_lock:
+                self._raw.sendall(HEADER.pack(cid, kind, len(payload)) + payload)
+        except OSError:
+            return False
+        return True
+
+
+def _close(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+    conn.close()
+
+
+# -- bubblewrap: the sandbox's loopback port to the proxy's socket bound inside ------------------
+# Runs inside the sandbox (``python -I -S -c SANDBOX_LAUNCHER SOCKET PORT MAX argv...``): binds
+# the loopback port, forks the relay (its stdio closed: the block's output must end with the
+# block), and execs ``argv``. The relay ends with the sandbox (its pid namespace).
+SANDBOX_LAUNCHER = r"""
+import os, socket, sys, threading
+path, port, limit, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+if os.environ.get("PIP_TARGET"):
+    # pip installs there: a folder on the path that is missing when the interpreter starts is
+    # never looked at again (the kernel's), so it exists from the start
+    os.makedirs(os.environ["PIP_TARGET"], exist_ok=True)
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port))
+listener.listen(128)
+if os.fork():
+    listener.close()
+    os.execvp(argv[0], argv)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+active = [0]
+lock = threading.Lock()
+REFUSED = b"kernelexec: the egress proxy is not running\n"
+
+def pump(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def serve(conn):
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(path)
+    except OSError:
+        head = b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+        try:
+            conn.sendall(head % len(REFUSED) + REFUSED)
+        except OSError:
+            pass
+    else:
+        t = threading.Thread(target=pump, args=(up, conn), daemon=True)
+        t.start()
+        pump(conn, up)
+        t.join()
+    conn.close()
+    up.close()
+    with lock:
+        active[0] -= 1
+
+while True:
+    conn, _ = listener.accept()
+    with lock:
+        full = active[0] >= limit
+        if not full:
+            active[0] += 1
+    if full:
+        conn.close()
+        continue
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+
+def sandbox_argv(egress: Egress, argv: list[str], python: str) -> list[str]:
+    """``argv`` behind ``SANDBOX_LAUNCHER`` (run by ``python``, in the sandbox)."""
+    limit = str(egress.policy.max_connections * 2)
+    launcher = [python, "-I", "-S", "-c", SANDBOX_LAUNCHER, str(egress.socket_path)]
+    return [*launcher, str(PROXY_PORT), limit, *argv]
