@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -58,6 +59,8 @@ _CHUNK = 65536
 _READY = 0
 #: the frame kind that reports a DNS query the container's resolver stub refused
 DNS = 4
+#: a barrier: the relay echoes it, so every frame it sent before has reached the host
+SYNC = 5
 #: where a container's resolver points under a policy: the relay's DNS trap
 DNS_TRAP = "127.0.0.1"
 _NO_DNS = (
@@ -599,6 +602,11 @@ class Egress:
             # Found dead after the block: a sandbox's relay met the closed socket (and told the
             # code so); the block's log says it too.
             self.log.add(_down_record())
+        with self._lock:
+            relays = list(self._relays.values())
+        for relay in relays:
+            if relay.alive:
+                relay.sync(_SYNC_TIMEOUT)
         return self.log.take()
 
     def add_relay(self, key: str, relay: EgressRelay) -> None:
@@ -623,6 +631,9 @@ class Egress:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+_SYNC_TIMEOUT = 5.0  # seconds a block's result waits for its relay's frames, at most
+
+
 def _down_record() -> _Record:
     return _Record(
         host="(proxy)",
@@ -640,7 +651,7 @@ def _down_record() -> _Record:
 EGRESS_RELAY_SCRIPT = r"""
 import os, socket, struct, sys, threading
 HEADER = struct.Struct(">IBI")
-OPEN, DATA, CLOSE, DNS = 1, 2, 3, 4
+OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
 out_lock = threading.Lock()
 lock = threading.Lock()
 conns = {}
@@ -706,8 +717,8 @@ def dns_trap(trap):
         except IndexError:
             continue
         flags = bytes([0x80 | (data[2] & 0x79), 0x85])
+        send(0, DNS, ".".join(labels)[:253].encode())  # told before answered: see SYNC
         trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
-        send(0, DNS, ".".join(labels)[:253].encode())
 
 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -726,6 +737,9 @@ while True:
     data = read_exact(size) if size else b""
     if data is None:
         os._exit(0)
+    if kind == SYNC:
+        send(cid, SYNC)
+        continue
     with lock:
         conn = conns.get(cid)
         if kind == CLOSE:
@@ -763,11 +777,24 @@ class EgressRelay:
         self._conns: dict[int, socket.socket] = {}
         self._closed = False
         self._listening = threading.Event()
+        self._synced: dict[int, threading.Event] = {}
+        self._sync_ids = itertools.count(1)
         self._thread = threading.Thread(target=self._demux, daemon=True, name="kernelexec-egress")
         self._thread.start()
 
     def wait_listening(self, timeout: float) -> bool:
         return self._listening.wait(timeout)
+
+    def sync(self, timeout: float) -> bool:
+        """Wait until every frame the relay sent so far has been delivered here: a block's DNS
+        queries travel over this stream, not the kernel's, and its result must not be read
+        before they are logged. True once the relay's echo came back."""
+        token = next(self._sync_ids)
+        done = self._synced[token] = threading.Event()
+        try:
+            return self._send(token, SYNC) and done.wait(timeout)
+        finally:
+            self._synced.pop(token, None)
 
     @property
     def alive(self) -> bool:
@@ -812,6 +839,11 @@ class EgressRelay:
             _close(conn)
 
     def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == SYNC:
+            done = self._synced.get(cid)
+            if done is not None:
+                done.set()
+            return
         if kind == DNS:
             self._on_dns(payload.decode("ascii", "replace"))
             return
