@@ -22,7 +22,14 @@ from ._workdir import INTERNAL_DIR, folder_option
 from .backends.base import CommandBackend, CommandOutcome
 from .backends.local_command import LocalCommand
 
-_EXTENSIONS = {"python": ".py", "shell": ".sh", "powershell": ".ps1"}
+_EXTENSIONS = {
+    "python": ".py",
+    "shell": ".sh",
+    "powershell": ".ps1",
+    "r": ".R",
+    "javascript": ".js",
+    "typescript": ".ts",
+}
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 # Set for every stateless run so output streams as it is made and plots never try a display.

@@ -15,14 +15,14 @@ them. Such a fence runs to the next fence line of the same character at least as
 indent (to the end of the message when there is none), and each of its lines loses up to the
 opening fence's indent, as a fence's body does.
 
-The info string's first word is the language. Aliases map to three canonical names: ``python``,
-``shell`` and ``powershell`` (``canonical=False`` keeps the tag as written, for frameworks that
-dispatch on it). Display-only languages (``text``, ``json``, ``output``...) are not code to run and
-are dropped. An untagged block is shell when it reads as command lines (``looks_like_shell``:
-``ls -la | head -2`` is valid Python too, but no one means it as Python), else Python when it
-compiles as Python; otherwise its language is left empty and the executor reports it as not run.
-Every executor gets its blocks from here, so an untagged block runs the same way on a kernel
-(no IPython automagic guessing) and on a command executor.
+The info string's first word is the language. Aliases map to canonical names: ``python``,
+``shell``, ``powershell``, ``r``, ``javascript`` and ``typescript`` (``canonical=False`` keeps the
+tag as written, for frameworks that dispatch on it). Display-only languages (``text``, ``json``,
+``output``...) are not code to run and are dropped. An untagged block is shell when it reads as
+command lines (``looks_like_shell``: ``ls -la | head -2`` is valid Python too, but no one means it
+as Python), else Python when it compiles as Python; otherwise its language is left empty and the
+executor reports it as not run. Every executor gets its blocks from here, so an untagged block
+runs the same way on a kernel (no IPython automagic guessing) and on a command executor.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ LANGUAGE_ALIASES: dict[str, str] = {
     "powershell": "powershell",
     "ps1": "powershell",
     "ps": "powershell",
+    # kernels of their own in a stateful session (``_languages``), interpreters on a command one
+    "r": "r",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
 }
 
 #: tags that mark text to show, not code to run

@@ -39,6 +39,7 @@ from ._charts import kernel_setup_code
 from ._door import Door
 from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
 from ._errors import (
+    BackendUnavailable,
     ExecutionTimeout,
     ForkUnsupported,
     KernelDied,
@@ -48,8 +49,9 @@ from ._errors import (
     SessionBusy,
     SnapshotError,
 )
-from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, make_work_dir
+from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._files import FileStore, KernelFiles
+from ._languages import chdir_code, install_hint, language_kernels, setup_code
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR
@@ -67,6 +69,7 @@ _INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _POLL = 0.5  # seconds between liveness checks while a block is quiet
 # After the reply, iopub silent this long: ask the kernel for a marker (see ``_BlockRun._pump``).
 _IOPUB_GRACE = 0.5
+_LATE_GRACE = 0.2  # the same, for a kernel whose idle status may come before its last output
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython colours its help; the API gives text
 _REPLY_GRACE = 2.0  # after ``idle``, how long to wait for the execute_reply
 _ABORT_RETRY_PAUSE = 0.2  # before sending again a block the kernel aborted
@@ -555,6 +558,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         interrupt_grace: float = 3.0,
         startup_timeout: float = 60.0,
         checkpoint: str | None = None,
+        languages: Mapping[str, str | None] | None = None,
         **options: Any,
     ) -> None:
         if backend is not None and python is not None:
@@ -571,6 +575,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         #: kills its kernel costs only itself (see ``_died``)
         self.checkpoint = checkpoint
         self._checkpoint: AsyncLiveSnapshot | None = None
+        #: canonical language -> kernelspec, for blocks in other languages (``_languages``)
+        self.languages = language_kernels(languages)
         super().__init__(**options)
         self.input_callback = input
         self.restart_on_death = restart_on_death
@@ -589,22 +595,38 @@ class AsyncKernelExecutor(AsyncExecutor):
         # The set-up code runs inside each kernel as it starts where the back end offers it
         # (a forked kernel: one round trip less, about 6 ms of its start), else as a request.
         self._setup_code = _SETUP_CODE + (kernel_setup_code() if self.options.charts else "")
-        self._setup_at_start = self.backend.run_at_start(self._setup_code)
+        self._setup_at_start = self._python and self.backend.run_at_start(self._setup_code)
         # Forks of a session and their snapshots share its lineage: a snapshot restores into
         # any of them, never into another session.
         self._lineage: object = object()
         self._snapshots: list[AsyncLiveSnapshot] = []
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
+        # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
+        # started on a block's first use; ``_running`` is the one a block runs in now.
+        self._others: dict[str, _LanguageKernel] = {}
+        self._running: AsyncKernelExecutor | None = None
+
+    #: False for another language's kernel: no IPython set-up code, no ``%%bash`` cells
+    _python = True
+    #: True for a kernel that may publish a block's output after its ``idle`` status (Deno 2.9
+    #: did, for 3 of 6 first blocks): its blocks end with a marker request instead
+    _late_outputs = False
 
     @property
     def supported_languages(self) -> tuple[str, ...]:
-        return ("python", "shell")
+        own = ("python", "shell")
+        if not self._python or not self.backend.runs_other_kernels:
+            return own
+        return (*own, *(lang for lang in self.languages if lang not in own))
 
     async def interrupt(self) -> None:
         """Interrupt the running block (it ends with ``KeyboardInterrupt``); state is kept."""
         self._check_open()
-        if self._started:
+        running = self._running
+        if running is not None and running is not self:
+            await running.backend.interrupt()
+        elif self._started:
             await self.backend.interrupt()
 
     async def complete(self, code: str, cursor_pos: int | None = None) -> list[str]:
@@ -683,16 +705,27 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _restart(self) -> None:
         await self._drop_checkpoint()  # a fresh kernel: the old state is not to come back
+        await self._stop_others()
         await self._replace_kernel()
 
     async def _close(self) -> None:
         # The session's live snapshots are paused kernels of its own: they go with it.
-        await self._drop_checkpoint()
-        snapshots, self._snapshots = self._snapshots, []
-        for snapshot in snapshots:
+        try:
+            await self._drop_checkpoint()
+            snapshots, self._snapshots = self._snapshots, []
+            for snapshot in snapshots:
+                with contextlib.suppress(Exception):
+                    await snapshot.release()
+            await self._stop_others()
+        finally:
+            await self.backend.shutdown()
+
+    async def _stop_others(self) -> None:
+        """Shut the other languages' kernels down (a restart starts them again on first use)."""
+        others, self._others = list(self._others.values()), {}
+        for other in others:
             with contextlib.suppress(Exception):
-                await snapshot.release()
-        await self.backend.shutdown()
+                await other.close()
 
     # -- fork and live snapshots -------------------------------------------------------------
     async def fork(self, n: int | None = None) -> Any:
@@ -1022,6 +1055,66 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise KernelStartFailed("the kernel did not say which process it forked") from exc
 
     async def _run_block(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
+        kernel = self.languages.get(block.language) if self._python else None
+        if kernel is not None:
+            return await self._run_elsewhere(block, kernel, timeout)
+        self._running = self
+        try:
+            return await self._run_here(block, timeout)
+        finally:
+            self._running = None
+
+    async def _run_elsewhere(
+        self, block: PreparedBlock, kernel: str, timeout: float
+    ) -> ExecutionResult:
+        """A block in another language, in that language's kernel (started on first use)."""
+        other = self._others.get(kernel)
+        if other is None:
+            made = self._other_kernel(kernel)
+            if isinstance(made, ExecutionResult):
+                return made.with_changes(language=block.language)
+            other = self._others[kernel] = made
+            other.chdir_language = block.language
+            other._late_outputs = "deno" in kernel.lower()
+        # Read at each block: a caller may set them after the session was made.
+        other.on_output, other.input_callback = self.on_output, self.input_callback
+        if not other._started:
+            try:
+                await other._ensure_started()
+            except (KernelStartFailed, BackendUnavailable) as exc:
+                self._others.pop(kernel, None)  # the next block of it tries afresh
+                with contextlib.suppress(Exception):
+                    await other.close()
+                return _cannot_start(block, kernel, str(exc))
+        self._running = other
+        try:
+            return await other._run_here(block, timeout)
+        finally:
+            self._running = None
+
+    def _other_kernel(self, kernel: str) -> _LanguageKernel | ExecutionResult:
+        backend = self.backend.other_kernel(kernel)
+        if backend is None:  # supported_languages said so already; a subclass may differ
+            why = f"the {self.backend.kind} back end runs only Python kernels"
+            return error_result(
+                f"unsupported language: {why}",
+                language="",
+                ename="UnsupportedLanguage",
+                not_run=True,
+            )
+        return _LanguageKernel(
+            backend,
+            work_dir=self.work_dir,
+            timeout=self.options.timeout,
+            env=self.options.env,
+            output_limit=self.options.output_limit,
+            outputs_dir=self.options.outputs_dir,
+            restart_on_death=self.restart_on_death,
+            interrupt_grace=self.interrupt_grace,
+            startup_timeout=self.startup_timeout,
+        )
+
+    async def _run_here(self, block: PreparedBlock, timeout: float) -> ExecutionResult:
         if self._dead is not None:
             raise KernelDied(f"the kernel died ({self._dead}); call restart() to get a new one")
         gone = await self._gone_while_idle()
@@ -1086,7 +1179,7 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     # -- helpers ------------------------------------------------------------------------------
     async def _setup(self) -> None:
-        if not self._setup_at_start:
+        if self._python and not self._setup_at_start:
             await self._run_quietly(_setup_cell(self._setup_code))
 
     async def _run_quietly(self, code: str) -> None:
@@ -1301,7 +1394,10 @@ class _BlockRun:
             self._code, allow_stdin=allow_stdin, stop_on_error=False
         )
         reply = asyncio.ensure_future(_reply_for(self._backend, self._msg_id))
-        stdin = asyncio.ensure_future(self._serve_stdin()) if allow_stdin else None
+        # IRkernel asks for input even when told not to, and would wait for it for good:
+        # another language's kernel is always answered (with no callback, an empty line).
+        serve = allow_stdin or not self._ex._python
+        stdin = asyncio.ensure_future(self._serve_stdin()) if serve else None
         try:
             ending = await self._pump(reply)
             if ending is _Ending.DIED or ending is _Ending.STUCK:
@@ -1352,6 +1448,7 @@ class _BlockRun:
         grace_end: float | None = None  # set once the block was interrupted
         last_seen = last_check = loop.time()
         marker: str | None = None
+        idle_trusted = not self._ex._late_outputs
         while True:
             now = loop.time()
             if grace_end is None and now >= deadline:
@@ -1372,7 +1469,8 @@ class _BlockRun:
                 # machine), or the idle was lost. Waiting a fixed while cut off lagging output
                 # (seen: "yes" lost, exit 0). Instead send an empty request: iopub is one
                 # ordered stream, so once its messages arrive, all of this block's have.
-                if marker is None and reply.done() and loop.time() - last_seen >= _IOPUB_GRACE:
+                quiet = _IOPUB_GRACE if idle_trusted else _LATE_GRACE
+                if marker is None and reply.done() and loop.time() - last_seen >= quiet:
                     marker = self._client.execute(
                         "", silent=True, store_history=False, stop_on_error=False
                     )
@@ -1384,19 +1482,28 @@ class _BlockRun:
                     return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
                 if parent != msg_id:
                     continue  # another request's message (a set-up run, an earlier block)
-                if _is_idle(msg):  # the batch ends there: nothing after it was taken
+                if _is_idle(msg) and idle_trusted:  # the batch ends there: nothing after it
                     return _Ending.TIMED_OUT if grace_end is not None else _Ending.DONE
                 feed(msg)
             last_seen = loop.time()  # after feeding: a slow feed is not silence
 
     async def _serve_stdin(self) -> None:
         callback = self._ex.input_callback
-        assert callback is not None
         while True:
             msg = await self._client.get_stdin_msg(timeout=None)
             if _parent_id(msg) != self._msg_id or msg.get("msg_type") != "input_request":
                 continue
             prompt = str(msg.get("content", {}).get("prompt", ""))
+            if callback is None:
+                text = (
+                    f"kernelexec: the block asked for input ({prompt!r}) and no input callback"
+                    " is set (input=...); it got an empty line\n"
+                )
+                self._collector.feed(
+                    {"msg_type": "stream", "content": {"name": "stderr", "text": text}}
+                )
+                self._client.input("")
+                continue
             try:
                 answer = await asyncio.to_thread(callback, prompt)
                 if inspect.isawaitable(answer):
@@ -1633,3 +1740,48 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
     def inspect(self, code: str, cursor_pos: int | None = None, detail_level: int = 0) -> str:
         """The kernel's help for the name at ``cursor_pos`` (``obj?``; 1: ``obj??``)."""
         return self._call(self._core.inspect, code, cursor_pos, detail_level)
+
+
+class _LanguageKernel(AsyncKernelExecutor):
+    """Another language's kernel in a session: blocks are sent as written (no IPython set-up
+    code, no ``%%bash`` cell), in the session's work dir. The session holds its lock, numbers its
+    blocks and records them; this runs them (``_run_here``) with everything a Python block gets:
+    outputs saved, the output budget, timeouts that interrupt, death noticed."""
+
+    _python = False
+    #: the language whose code puts the kernel back in a recreated work dir
+    chdir_language = ""
+
+    async def _setup(self) -> None:
+        code = setup_code(self.chdir_language)
+        if code is not None:
+            await self._run_quietly(code)
+
+    async def _ensure_workspace(self) -> None:
+        if self.work_dir.is_dir():
+            return
+        make_work_dir(self.work_dir)
+        code = chdir_code(self.chdir_language, self.backend.workspace or str(self.work_dir))
+        if code is not None:
+            await self._run_quietly(code)
+
+    def _code_for(self, block: PreparedBlock) -> str:
+        if block.target is not None:
+            self._save_code(block.target, block.code)
+        return block.code
+
+
+def _cannot_start(block: PreparedBlock, kernel: str, why: str) -> ExecutionResult:
+    """A block whose language's kernel did not start: not run, saying what to install."""
+    missing = f"no kernelspec named {kernel!r}" in why
+    what = f"Not run: the {block.language} kernel ({kernel!r}) "
+    if missing:
+        what += f"is not installed; install {install_hint(kernel)}."
+    else:
+        what += f"did not start: {why}."
+    return error_result(
+        what + " Nothing of the block ran.",
+        language=block.language,
+        ename="KernelNotInstalled" if missing else "KernelStartFailed",
+        not_run=True,
+    )

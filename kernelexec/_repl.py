@@ -13,6 +13,7 @@ from __future__ import annotations
 import codeop
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +22,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from ._executor import SyncExecutor
+from ._extract import normalize_language
 from ._types import ExecutionResult
 from ._view import LiveView, block_footer
 
@@ -93,10 +95,37 @@ def run_repl(
             continue
         code = "\n".join(buffer) + "\n" if any(b.strip() for b in buffer) else None
         buffer = []
+        switched = None if code is None else switch_language(code, language, executor, stdout)
+        if switched is not None:
+            language, code = switched, None
         if code is not None and _run_one(executor, code, language, stdout) != 0:
             failed = True
         if line is None:
             return 1 if failed else 0
+
+
+_LANG = re.compile(r"\s*%lang(?:\s+(\S+))?\s*")
+
+
+def switch_language(
+    code: str, current: str, executor: SyncExecutor[Any], out: TextIO
+) -> str | None:
+    """For a ``%lang r`` line, the language of the blocks after it (None: not such a line).
+    ``%lang`` alone says which language is on and what the session runs."""
+    match = _LANG.fullmatch(code)
+    if match is None:
+        return None
+    supported = ", ".join(executor.supported_languages)
+    language = current if match[1] is None else normalize_language(match[1])
+    if language not in executor.supported_languages:
+        out.write(f"unsupported language: {match[1]} (this session runs: {supported})\n")
+        language = current
+    elif match[1] is None:
+        out.write(f"language: {current} (this session runs: {supported}; %lang NAME switches)\n")
+    else:
+        out.write(f"language: {language}\n")
+    out.flush()
+    return language
 
 
 def _run_one(executor: SyncExecutor[Any], code: str, language: str, stdout: TextIO) -> int:

@@ -137,6 +137,14 @@ class _PooledBackend(KernelBackend):
     def client(self) -> KernelClientLike:
         return self.inner.client
 
+    @property
+    def runs_other_kernels(self) -> bool:
+        return self.inner.runs_other_kernels
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        # Another language's kernel is started on a session's first block of it, not pooled.
+        return self.inner.other_kernel(kernel_name)
+
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         await self.inner.start(work_dir=work_dir, env=env, timeout=timeout)
 

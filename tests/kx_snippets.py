@@ -3,9 +3,10 @@
 A snippet runs as written, through kernelexec itself. An HTML comment on the line before its
 fence says what it needs: ``<!-- readme-test: needs docker -->`` (a Docker engine),
 ``needs gvisor`` (that engine with the ``runsc`` runtime), ``needs sandbox`` (bubblewrap),
-``needs gateway`` (a Jupyter gateway: the gateway tier runs it with ``$KERNELEXEC_GATEWAY_URL``
-and ``$KERNELEXEC_GATEWAY_TOKEN`` set), or ``skip (why)`` for an illustration that cannot run
-anywhere (an example address, a cluster of your own). A ``print(...)  # 6`` comment is the output
+``needs languages`` (the R and Deno kernels), ``needs gateway`` (a Jupyter gateway: the gateway
+tier runs it with ``$KERNELEXEC_GATEWAY_URL`` and ``$KERNELEXEC_GATEWAY_TOKEN`` set), or
+``skip (why)`` for an illustration that cannot run anywhere (an example address, a cluster of
+your own). A ``print(...)  # 6`` comment is the output
 the snippet promises: its first word, when a value, must appear in what the snippet printed.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
-NEEDS = ("", "needs docker", "needs gvisor", "needs sandbox", "needs gateway")
+NEEDS = ("", "needs docker", "needs gvisor", "needs sandbox", "needs gateway", "needs languages")
 
 _FENCE = re.compile(
     r"(?:<!-- readme-test: (?P<note>[^>]*?) -->\n)?^```python\n(?P<code>.*?)\n```", re.S | re.M

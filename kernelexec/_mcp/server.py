@@ -270,10 +270,11 @@ def build_server(hub: Hub, *, manage_hub: bool = True) -> MCPServer[Any]:
     ) -> CallToolResult:
         """Run a code block in a session (created on first use); state persists across calls.
 
-        language: python, or shell / bash for a shell block. timeout: seconds (default: the
-        server's); a block past it is interrupted and the session keeps its state. detach: run
-        it in the background and return a job id at once (see job_status, job_output,
-        job_cancel); the timeout then still applies to the block.
+        language: python, shell / bash, r, javascript / js or typescript / ts (R and Deno run in
+        kernels of their own in the session, started on first use; they share its files).
+        timeout: seconds (default: the server's); a block past it is interrupted and the session
+        keeps its state. detach: run it in the background and return a job id at once (see
+        job_status, job_output, job_cancel); the timeout then still applies to the block.
         """
 
         async def run() -> CallToolResult:

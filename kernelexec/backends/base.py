@@ -134,6 +134,17 @@ class KernelBackend(ABC):
         answers (no round trip), keeps it and returns True; the default declines."""
         return False
 
+    @property
+    def runs_other_kernels(self) -> bool:
+        """Whether ``other_kernel`` gives back ends for other kernelspecs."""
+        return False
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        """A back end of the same kind for another kernelspec (an R or Deno kernel beside this
+        one, sharing its work dir and confinement); None: this back end runs only its own
+        kernel, so a session on it runs Python (and shell) blocks only."""
+        return None
+
     @abstractmethod
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         """Start a kernel whose working directory is ``work_dir``; wait until it answers."""

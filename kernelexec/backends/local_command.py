@@ -35,6 +35,12 @@ from .base import ByteSink, CommandBackend, CommandOutcome
 _DRAIN_GRACE = 0.2
 
 
+def _deno() -> str | None:
+    """Deno on PATH, or the one the ``deno`` wheel put beside this interpreter."""
+    beside = Path(sys.executable).with_name("deno")
+    return shutil.which("deno") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
 def resolve_python(python: str | os.PathLike[str] | None) -> str:
     """An absolute interpreter path from a python executable, a virtualenv folder, or None.
 
@@ -76,6 +82,8 @@ class LocalCommand(CommandBackend):
         #: "process-group" (``containment=`` or ``$KERNELEXEC_CONTAINMENT``; "auto": best here)
         self.containment = _containment.mechanism(containment)
         self._pwsh = shutil.which("pwsh")
+        self._rscript = shutil.which("Rscript")
+        self._deno = _deno()
         # cgroup containment: a resident spawner in a cgroup made once (see ``_resident``)
         self._spawner: Spawner | None = None
 
@@ -86,7 +94,13 @@ class LocalCommand(CommandBackend):
         return self._spawner.pid if self._spawner is not None else None
 
     def supported_languages(self) -> Sequence[str]:
-        return ("python", "shell", "powershell") if self._pwsh else ("python", "shell")
+        found = {
+            "powershell": self._pwsh,
+            "r": self._rscript,
+            "javascript": self._deno,
+            "typescript": self._deno,
+        }
+        return ("python", "shell", *(language for language, path in found.items() if path))
 
     def argv_for(self, language: str, code_path: str) -> list[str] | None:
         if language == "python":
@@ -95,6 +109,13 @@ class LocalCommand(CommandBackend):
             return [self.shell, code_path]
         if language == "powershell" and self._pwsh:
             return [self._pwsh, "-NoProfile", "-NonInteractive", "-File", code_path]
+        if language == "r" and self._rscript:
+            return [self._rscript, "--no-save", "--no-restore", code_path]
+        if language in ("javascript", "typescript") and self._deno:
+            # All permissions: a Python block has them all too; Deno's prompt for a missing
+            # one would wait for a terminal that is not there. The file's suffix picks JS/TS.
+            # NO_COLOR: an error's text without ANSI colours (Deno has no flag for it).
+            return ["env", "NO_COLOR=1", self._deno, "run", "--allow-all", "--no-prompt", code_path]
         return None
 
     async def run(

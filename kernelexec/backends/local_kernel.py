@@ -23,6 +23,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +38,7 @@ from . import _containment
 from ._fork_server import KERNEL_ARGS
 from ._iopub import BatchingClient
 from ._owner import mark_folder
-from ._ready import start_channels
+from ._ready import NotReady, start_channels, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
 
@@ -67,13 +69,34 @@ class _WrappedSpecs(KernelSpecManager):
         self._base, self._wrap = base, wrap
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        spec = self._base.get_kernel_spec(kernel_name)
+        with warnings.catch_warnings():
+            # bash_kernel's spec has a "codemirror_mode" key, which traitlets warns about
+            warnings.simplefilter("ignore", DeprecationWarning)
+            spec = self._base.get_kernel_spec(kernel_name)
         argv = list(spec.argv)
         if argv and argv[0] in {"python", "python3", f"python3.{sys.version_info[1]}"}:
             argv[0] = sys.executable  # as jupyter_client does for a bare "python"
         fields = spec.to_dict()
         fields["argv"] = self._wrap(argv)
+        if _is_deno(argv):
+            # SIGINT kills Deno's kernel (state lost, told as a death); an interrupt_request
+            # stops a busy loop and keeps the kernel (checked with Deno 2.9).
+            fields["interrupt_mode"] = "message"
         return KernelSpec(resource_dir=spec.resource_dir, **fields)
+
+
+def _is_deno(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) == "deno" and "jupyter" in argv[1:2]
+
+
+def _speaks_ipc(km: AsyncKernelManager) -> bool:
+    """Whether the kernel binds IPC sockets: IPython kernels (ipykernel and kernels built on
+    it, such as bash_kernel) do; a missing kernelspec is left for ``start_kernel`` to report."""
+    try:
+        spec = km.kernel_spec
+    except NoSuchKernel:
+        return True
+    return spec is None or spec.language == "python" or "ipykernel" in " ".join(spec.argv)
 
 
 def _ipykernel_args(km: AsyncKernelManager) -> list[str]:
@@ -257,6 +280,14 @@ class LocalKernel(KernelBackend):
             if reason and tail:
                 detail += f": {tail}"
             raise KernelStartFailed(f"the kernel did not start: {detail}") from exc
+        if self._km.transport == "tcp":
+            # A TCP subscription joins late: jupyter_client's wait can end before IOPub is live,
+            # and Deno's first block then lost its result. Ready once an idle status came too.
+            alive = lambda: self.death_reason() is None  # noqa: E731
+            try:
+                await wait_ready(kc, time.monotonic() + timeout, alive)
+            except NotReady as exc:
+                raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
 
     def _manager(self, jail: _containment.Jail) -> AsyncKernelManager:
         # IPC sockets in a private folder: nothing listens on a TCP port, and no other local
@@ -275,7 +306,23 @@ class LocalKernel(KernelBackend):
                 kernel_name="kernelexec-python", kernel_spec_manager=specs, **options
             )
         km.shutdown_wait_time = self.shutdown_wait
+        if not _speaks_ipc(km):
+            # IRkernel and Deno build "transport://ip:port" themselves and cannot bind an IPC
+            # path (Deno: "invalid host"): they get TCP on the loopback, with the session's key.
+            km.transport, km.ip = "tcp", "127.0.0.1"
         return km
+
+    @property
+    def runs_other_kernels(self) -> bool:
+        # A subclass confines its kernel (a sandbox): a plain sibling would escape that.
+        return type(self) is LocalKernel
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        if not self.runs_other_kernels:
+            return None
+        return LocalKernel(
+            kernel_name=kernel_name, shutdown_wait=self.shutdown_wait, containment=self.containment
+        )
 
     async def interrupt(self) -> None:
         """SIGINT to the kernel's process group; and SIGKILL to every process the running block

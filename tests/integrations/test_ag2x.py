@@ -104,7 +104,7 @@ def test_state_across_tool_calls(kind: str, tmp_path: Path) -> None:
 
 def test_bad_input(tmp_path: Path) -> None:
     async def body(env: KernelCodeEnvironment) -> list[Any]:
-        unsupported = await env.run("console.log(1)", "javascript")
+        unsupported = await env.run("puts 1", "ruby")
         mixed = [
             await env.run(f"echo b{i}", "bash")
             if i % 2
@@ -114,7 +114,7 @@ def test_bad_input(tmp_path: Path) -> None:
         return [unsupported, mixed]
 
     unsupported, mixed = run_with("command", tmp_path, body)
-    assert unsupported.exit_code != 0 and "unsupported language: javascript" in unsupported.output
+    assert unsupported.exit_code != 0 and "unsupported language: ruby" in unsupported.output
     assert [r.output.strip() for r in mixed] == [f"b{i}" for i in range(10)]
     # A model turn with no tool call (no code) simply ends the turn; nothing crashes.
     answer, outputs = run_with("command", tmp_path, lambda env: agent_run(env, "no code here"))

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kx_languages import need_kernels
 from kx_sandbox import sandbox_unavailable
 from kx_snippets import NEEDS, check_promises, snippets
 
@@ -74,6 +75,8 @@ def test_readme_snippet_runs(code: str, note: str, tmp_path: Path) -> None:
         pytest.skip("needs the runsc runtime (gVisor) registered with a Docker engine")
     if note == "needs sandbox" and (reason := sandbox_unavailable()):
         pytest.skip(reason)
+    if note == "needs languages":
+        need_kernels("r", "javascript")
     with CommandLineExecutor(work_dir=tmp_path, timeout=300) as ex:
         result = ex.execute(code)
     assert result.exit_code == 0, result.output

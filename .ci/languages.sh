@@ -1,0 +1,46 @@
+# shellcheck shell=bash
+# Sourced by .ci/run: the other languages' kernels and interpreters (issue 36).
+#
+#   languages_install  IRkernel and R from apt (R's graphics come with r-base-core; the
+#                      recommended extras are not needed), in the background: it is the slow
+#                      part (it waits for the dpkg lock other steps hold meanwhile). Deno and
+#                      bash_kernel come with the dev extra (kernelexec[languages]);
+#                      their kernelspecs are installed here, into this environment.
+#   languages_wait     waits for the apt step, checks the three kernelspecs, then sets
+#                      KERNELEXEC_REQUIRE_LANGUAGES=1: their tests fail instead of skipping.
+
+LANGUAGES_LOG="${TMPDIR:-/tmp}/kernelexec-languages-apt.log"
+LANGUAGES_PID=""
+
+languages_install() {
+    if [ "$(id -u)" != "0" ] && ! command -v R >/dev/null 2>&1; then
+        echo "languages.sh: R is missing and we are not root: cannot install it" >&2
+        return 1
+    fi
+    (
+        [ -f /usr/share/jupyter/kernels/ir/kernel.json ] ||
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=900 \
+                r-cran-irkernel
+    ) >"$LANGUAGES_LOG" 2>&1 &
+    LANGUAGES_PID=$!
+    python3 -m bash_kernel.install --sys-prefix >/dev/null
+    # Deno writes its kernelspec into the user's Jupyter data dir; the spec names this deno.
+    deno jupyter --install --force 2>&1 | grep -v 'unstable' || true
+}
+
+languages_wait() {
+    if [ -n "$LANGUAGES_PID" ] && ! wait "$LANGUAGES_PID"; then
+        cat "$LANGUAGES_LOG" >&2
+        return 1
+    fi
+    local specs
+    specs="$(jupyter kernelspec list)"
+    for kernel in ir deno bash; do
+        if ! grep -q "^ *$kernel " <<<"$specs"; then
+            echo "languages.sh: no kernelspec '$kernel' after the install" >&2
+            return 1
+        fi
+    done
+    command -v Rscript >/dev/null && command -v deno >/dev/null
+    export KERNELEXEC_REQUIRE_LANGUAGES=1
+}
