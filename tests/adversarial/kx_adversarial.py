@@ -298,7 +298,7 @@ def spawn_code(how: str, token: str) -> str:
     return SPAWNERS[how].format(stubborn=STUBBORN, token=token)
 
 
-def wait_started(token: str, count: int = 1, within: float = 15.0) -> None:
+def wait_started(token: str, count: int = 1, within: float = 40.0) -> None:
     """Wait until ``count`` processes carrying ``token`` run (a block may return first)."""
     deadline = time.monotonic() + within
     while len(processes_with(token)) < count and time.monotonic() < deadline:

@@ -113,7 +113,7 @@ def test_kernel_death_is_noticed_fast_and_the_kernel_restarted(tmp_path: Path, c
         ex.execute("x = 1")
         started = time.monotonic()
         r = ex.execute(code)
-        assert time.monotonic() - started < 5  # not the 60 s timeout
+        assert time.monotonic() - started < 15  # not the 60 s timeout (a loaded CI machine: 5.05 s)
         assert r.kernel_died and r.state_lost and r.exit_code == 1
         assert "kernel died" in r.output and "restarted" in r.output
         assert r.error is not None and r.error.ename == "KernelDied"
