@@ -392,7 +392,9 @@ def _engine_limits(session: str) -> dict[str, int | None]:
 
     client = make_client(DockerOptions())
     try:
-        found = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session}"})
+        found = client.containers.list(
+            all=True, filters={"label": f"{LABEL_SESSION}={session}"}, ignore_removed=True
+        )
         config = (found[0].attrs.get("HostConfig") or {}) if found else {}
         return {"pids": config.get("PidsLimit") or None, "memory": config.get("Memory") or None}
     finally:

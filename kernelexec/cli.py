@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from ._errors import DockerUnavailable, KernelExecError, UnknownExecutor
+from ._errors import KernelExecError, UnknownExecutor
 from ._extract import extract_code_blocks, normalize_language
 from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, executor_entry, make_executor
@@ -722,7 +722,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from .backends._containment import sweep_orphans
-    from .backends._docker import gc, gc_services
+    from .backends._docker import gc, gc_services, no_engine
     from .backends._owner import sweep_temp_folders
 
     verb = "would remove" if args.dry_run else "removed"
@@ -734,14 +734,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     # folders: their processes (an orphaned kernel) are killed before its folder goes.
     say("cgroup(s)", sweep_orphans(dry_run=args.dry_run))
     say("temp folder(s) and file(s)", sweep_temp_folders(dry_run=args.dry_run))
-    try:
-        containers = gc(dry_run=args.dry_run)
-        services = gc_services(dry_run=args.dry_run)
-    except DockerUnavailable as exc:
-        # Without an engine there are no containers to remove (nor any left running): the
-        # local sweep above is the whole job, and a machine without Docker is not a failure.
-        print(f"no containers checked: {exc}", file=sys.stderr)
+    # Without an engine there are no containers to remove (nor any left running): the local
+    # sweep above is the whole job, and a machine without Docker is not a failure. An engine
+    # that answers and then fails mid-sweep is one (exit 1): "nothing checked" would be false.
+    missing = no_engine()
+    if missing is not None:
+        print(f"no containers checked: {missing}", file=sys.stderr)
         return 0
+    containers = gc(dry_run=args.dry_run)
+    services = gc_services(dry_run=args.dry_run)
     say("container(s)", containers)
     say("service(s)", services)
     return 0

@@ -113,6 +113,15 @@ def make_client(options: DockerOptions) -> docker.DockerClient:
     return client
 
 
+def no_engine(options: DockerOptions | None = None) -> DockerUnavailable | None:
+    """Why no engine answers at ``options``' address, or None when one does."""
+    try:
+        make_client(options or DockerOptions()).close()
+    except DockerUnavailable as exc:
+        return exc
+    return None
+
+
 def _probe_unix_socket(url: str, timeout: float) -> None:
     """Connect once to a unix-socket engine address, closing the socket whatever happens.
 
@@ -767,8 +776,14 @@ def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[s
 
 def _our_containers(client: docker.DockerClient) -> list[tuple[Any, State]]:
     with translate_errors("listing containers"):
-        found = client.containers.list(all=True, filters={"label": LABEL_SESSION})
-        launched = client.containers.list(all=True, filters={"label": "kernel_id"})
+        # A container removed between the engine's list and its inspect (another session
+        # ending, another sweep) is skipped, not a failure of the whole sweep.
+        found = client.containers.list(
+            all=True, filters={"label": LABEL_SESSION}, ignore_removed=True
+        )
+        launched = client.containers.list(
+            all=True, filters={"label": "kernel_id"}, ignore_removed=True
+        )
     pairs = [(c, container_owner_state(c.labels)) for c in found]
     for container in launched:
         if _SWARM_SERVICE_LABEL in container.labels or LABEL_SESSION in container.labels:

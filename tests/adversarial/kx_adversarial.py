@@ -155,7 +155,9 @@ def labelled_containers(client: Any) -> set[str]:
     """Ids of the containers (running or not) that kernelexec labelled as this process's."""
     from kernelexec.backends._docker_options import LABEL_OWNER_PID
 
-    found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
+    found = client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"}
+    )
     return {str(c.id) for c in found}
 
 

@@ -180,15 +180,17 @@ def test_gc_removes_the_container_of_a_killed_host_and_keeps_a_live_owners(
     try:
         info = _killed_host(tmp, "docker-kernel")
         label = f"kernelexec.session={info['docker-kernel']['session']}"
-        (left,) = client.containers.list(all=True, filters={"label": label})
+        (left,) = client.containers.list(all=True, ignore_removed=True, filters={"label": label})
 
         would = _line(_gc(tmp, "--dry-run"), "container(s)")
         assert left.short_id in would and live.short_id not in would
-        assert client.containers.list(all=True, filters={"label": label})  # dry run
+        assert client.containers.list(
+            all=True, ignore_removed=True, filters={"label": label}
+        )  # dry run
 
         done = _line(_gc(tmp), "container(s)")
         assert left.short_id in done and live.short_id not in done
-        assert client.containers.list(all=True, filters={"label": label}) == []
+        assert client.containers.list(all=True, ignore_removed=True, filters={"label": label}) == []
         live.reload()  # still there
     finally:
         live.remove(force=True)
@@ -272,7 +274,12 @@ def test_gc_removes_a_launcher_made_container_only_with_a_dead_owners_record(
         assert dead.short_id in line
         assert live.short_id not in line and foreign.short_id not in line
         assert dead.short_id in _line(_gc(tmp), "container(s)")
-        left = {c.id for c in client.containers.list(all=True, filters={"label": "kernel_id"})}
+        left = {
+            c.id
+            for c in client.containers.list(
+                all=True, ignore_removed=True, filters={"label": "kernel_id"}
+            )
+        }
         assert dead.id not in left and {live.id, foreign.id} <= left
     finally:
         for container in made:

@@ -59,7 +59,9 @@ def swarm(engine: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory)
         for service in engine.services.list(filters={"label": "app=gateway-provisioners"}):
             if service.name in leftovers:
                 service.remove()
-        for container in engine.containers.list(all=True, filters={"label": LABEL}):
+        for container in engine.containers.list(
+            all=True, ignore_removed=True, filters={"label": LABEL}
+        ):
             container.remove(force=True)
         _remove_network(network)
         assert not leftovers, f"kernel services left behind: {sorted(leftovers)}"

@@ -19,7 +19,9 @@ from kernelexec.backends._docker import LABEL_SESSION
 
 def containers_of(client: docker.DockerClient, session: str) -> list[Any]:
     """Containers (running or not) created by one back end instance."""
-    found = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session}"})
+    found = client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{LABEL_SESSION}={session}"}
+    )
     return list(found)
 
 

@@ -529,7 +529,9 @@ def test_ag2_docker_work_dir_missing_parent_as_ag2(tmp_path: Path) -> None:
         mine = client.containers.list(
             all=True, filters={"label": f"kernelexec.owner_pid={os.getpid()}"}
         )
-        peers = client.containers.list(all=True, filters={"name": "autogen-code-exec-"})
+        peers = client.containers.list(
+            all=True, ignore_removed=True, filters={"name": "autogen-code-exec-"}
+        )
         return {c.id for c in [*mine, *peers]}
 
     before = ours_or_peers()
