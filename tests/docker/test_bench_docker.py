@@ -26,9 +26,7 @@ def _ours(client: docker.DockerClient, pid: int) -> list[str]:
     """
     found: list[Any] = []
     for label in (f"kernelexec.owner_pid={pid}", f"kernelexec.bench.owner={pid}"):
-        found += client.containers.list(
-            all=True, ignore_removed=True, filters={"label": label}, ignore_removed=True
-        )
+        found += client.containers.list(all=True, ignore_removed=True, filters={"label": label})
     return [c.short_id for c in found]
 
 
