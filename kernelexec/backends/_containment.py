@@ -30,6 +30,7 @@ chooses one (``auto``, the default, takes the first that works on this host).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -113,6 +114,22 @@ class Jail(ABC):
     def members(self) -> set[Member]:
         """The processes in the jail now, each with its start time (a pid alone can be reused)."""
         return {(pid, _start_time(pid)) for pid in self.pids()}
+
+    async def kill_new_after_sigint(
+        self, before: set[Member], spare: Iterable[int | None] = (), *, settle: float = 1.0
+    ) -> None:
+        """``kill_new``, once the SIGINT just sent has had up to ``settle`` seconds to end the
+        block's processes itself. A kernel that passes it on (bash_kernel, to its shell's
+        terminal) then sees them end as it expects; killed at once, the shell also printed
+        "Killed" and a second prompt, and the next block read the first one: every later
+        block's output came one block late."""
+        keep = {pid for pid in spare if pid is not None}
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            if not any(pid not in keep and _running(pid) for pid, _ in self.members() - before):
+                return
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(self.kill_new, before, keep)
 
     def kill_new(self, before: set[Member], spare: Iterable[int | None] = ()) -> None:
         """Kill every process that joined since ``before`` (except ``spare``), and go on until

@@ -458,7 +458,7 @@ class ForkKernel(KernelBackend):
                 os.kill(self._pid, signal.SIGINT)
         before = self._block_pids
         if before is not None and self._jail is not None:
-            await asyncio.to_thread(self._jail.kill_new, before, (self._pid,))
+            await self._jail.kill_new_after_sigint(before, (self._pid,))
 
     async def restart(self, *, timeout: float) -> None:
         await self._stop(polite=False)  # state is lost either way

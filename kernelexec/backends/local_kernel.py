@@ -333,7 +333,7 @@ class LocalKernel(KernelBackend):
                 await self._km.interrupt_kernel()
         before = self._block_pids
         if before is not None and self._jail is not None:
-            self._jail.kill_new(before, spare=(self._launched_pid(), self.pid))
+            await self._jail.kill_new_after_sigint(before, (self._launched_pid(), self.pid))
 
     async def restart(self, *, timeout: float) -> None:
         # A fresh manager and client, not jupyter_client's in-place restart: no stale messages

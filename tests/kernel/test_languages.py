@@ -344,3 +344,16 @@ def test_the_sandboxed_command_executor_runs_r_and_deno_in_its_sandbox(tmp_path:
     assert (r.exit_code, r.output) == (0, "42")
     assert (ts.exit_code, ts.output) == (0, "42\n")
     assert not outside.exists()  # the host is read-only inside the sandbox
+
+
+def test_a_shell_block_after_each_of_three_timeouts_gets_its_own_output(ex: KernelExecutor) -> None:
+    """The interrupt's SIGKILL of the block's processes waits for the SIGINT to end them: killed
+    at once, bash printed "Killed" and a second prompt beside bash_kernel's ^C, and from then on
+    each block read the one before's output ("^C\\n: 4" for `echo $LEFT`; 1 in 5 timeouts under
+    load)."""
+    for n in range(3):
+        assert ex.execute(f"LEFT={n}", "bash").exit_code == 0
+        stuck = ex.execute("sleep 120", "bash", timeout=1)
+        assert (stuck.timed_out, stuck.state_lost) == (True, False)
+        assert "Killed" not in stuck.output
+        assert ex.execute("echo $LEFT", "bash").output == f"{n}\n"
