@@ -5,13 +5,13 @@
 #
 #   bench_prepare the fresh virtualenv with `pip install ".[bench]"` and nothing else (.ci/run
 #                 makes it in the background during the set-up).
-#   bench_smoke   1. the bench extra alone: that virtualenv runs `kernelexec bench --quick` on the
-#                    kernel row over every workload (its floor: tests/kernel/test_bench.py), and
-#                    every row must be "ok" (a workload import the extra lacks reads
-#                    "unavailable", which exits 0: the results file is checked);
-#                 2. every other row once, on the trivial workload, in the CI environment (all
-#                    back ends and peers installed), without the floors (the tests run those):
-#                    each must be "ok".
+#   bench_extra   the bench extra alone: that virtualenv runs `kernelexec bench --quick` on the
+#                 kernel row over every workload (its floor: tests/kernel/test_bench.py), and
+#                 every row must be "ok" (a workload import the extra lacks reads
+#                 "unavailable", which exits 0: the results file is checked);
+#   bench_rows    every other row once, on the trivial workload, in the CI environment (all
+#                 back ends and peers installed), without the floors (the tests run those):
+#                 each must be "ok".
 
 BENCH_OUT="${TMPDIR:-/tmp}/kernelexec-bench"
 
@@ -35,21 +35,31 @@ bench_prepare() {
     local started=$SECONDS
     rm -rf "$BENCH_VENV"
     python3 -m venv "$BENCH_VENV" || return 1
-    "$BENCH_VENV/bin/python" -m pip install -q ".[bench]" || return 1
+    kx_install "$BENCH_VENV/bin/python" ".[bench]" || return 1
     echo "bench_prepare: fresh virtualenv with the bench extra: $((SECONDS - started)) s"
 }
 
-bench_smoke() {
+# The bench extra alone: its virtualenv runs the kernel row over every workload (.ci/run runs
+# this in the background, during the set-up).
+bench_extra() {
     local started=$SECONDS venv="$BENCH_VENV"
     [ -x "$venv/bin/kernelexec" ] || bench_prepare || return 1
     "$venv/bin/kernelexec" bench --quick --no-progress --no-floors --executors kernel \
         --out "$BENCH_OUT/extra" || return 1
     _kx_bench_all_ok "$BENCH_OUT/extra/results.json" || return 1
     rm -rf "$venv"
+    echo "bench_extra: $((SECONDS - started)) s"
+}
+
+# Every other row once, on the trivial workload, in the CI environment (all back ends and peers
+# installed), without the floors (.ci/run runs this in the background, beside the tests: its
+# own containers and cgroups carry its own pid, as every test file's do).
+bench_rows() {
+    local started=$SECONDS
     python3 -m kernelexec bench --quick --no-progress --workloads trivial --no-charts --no-floors \
         --executors sandboxed-command sandboxed-kernel gvisor-command gvisor-kernel pool \
         docker-run ag2-command ag2-jupyter autogen-command autogen-jupyter warm-command \
         --out "$BENCH_OUT/rows" || return 1
     _kx_bench_all_ok "$BENCH_OUT/rows/results.json" || return 1
-    echo "bench_smoke: $((SECONDS - started)) s"
+    echo "bench_rows: $((SECONDS - started)) s"
 }

@@ -26,7 +26,7 @@ _kx_swarm_leave() {
 
 cluster_install() {
     local started=$SECONDS
-    python3 -m pip install -q -e ".[cluster]" || return 1
+    [ -n "${KX_MAIN_INSTALLED:-}" ] || kx_install python3 -e ".[cluster]" || return 1
     python3 -m kernelexec image build --offline --with-launchers || return 1
     echo "cluster_install: $((SECONDS - started)) s"
 }

@@ -13,8 +13,9 @@ AG2X_VENV="${AG2X_VENV:-.venv-ag2x}"
 
 extras_install() {
   local started=$SECONDS
-  "$EXTRAS_PYTHON" -m pip install --quiet --disable-pip-version-check \
-    -e ".[ag2,autogen,openai]" || return 1
+  # .ci/run installs the main environment in one resolve and says so (KX_MAIN_INSTALLED)
+  [ -n "${KX_MAIN_INSTALLED:-}" ] || kx_install "$EXTRAS_PYTHON" -e ".[ag2,autogen,openai]" ||
+    return 1
   if [ ! -x "$AG2X_VENV/bin/python" ]; then
     "$EXTRAS_PYTHON" -m venv "$AG2X_VENV" || return 1
   fi
@@ -22,8 +23,9 @@ extras_install() {
   parents="$("$EXTRAS_PYTHON" -c 'import site; print("; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages()))')"
   purelib="$("$AG2X_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   echo "import site; $parents" >"$purelib/_kernelexec_main_env.pth"
-  "$AG2X_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "ag2>=1.0,<2" || return 1
+  # pip, not uv: pip counts what the main environment's site dirs (the .pth above) hold as
+  # installed; uv would install AG2's dependencies again, over them.
+  "$AG2X_VENV/bin/python" -m pip install --quiet "ag2>=1.0,<2" || return 1
   echo "extras_install: $((SECONDS - started)) s"
 }
 

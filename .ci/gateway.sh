@@ -14,7 +14,7 @@ gateway_install() {
     if [ ! -x ".venv-$name/bin/python" ]; then
       python3 -m venv ".venv-$name"
     fi
-    ".venv-$name/bin/python" -m pip install -q "$pkg" ipykernel matplotlib
+    kx_install ".venv-$name/bin/python" "$pkg" ipykernel matplotlib || return 1
   done
   .venv-kg/bin/jupyter-kernelgateway --version
   .venv-eg/bin/jupyter-enterprisegateway --version
