@@ -415,7 +415,9 @@ def _open_autogen_jupyter(ctx: BenchContext, work: Path, shared: Any) -> Session
     from autogen_ext.code_executors.jupyter import JupyterCodeExecutor
 
     return AutogenSession(
-        JupyterCodeExecutor(output_dir=work, timeout=int(ctx.timeout)), absolute_data=True
+        JupyterCodeExecutor(output_dir=work, timeout=int(ctx.timeout)),
+        absolute_data=True,
+        start_in=work,
     )
 
 

@@ -351,13 +351,24 @@ class Ag2Session(Session):
 class AutogenSession(Session):
     """An autogen-ext executor: async API, driven on a private event loop."""
 
-    def __init__(self, executor: Any, *, absolute_data: bool = False) -> None:
+    def __init__(
+        self, executor: Any, *, absolute_data: bool = False, start_in: Path | None = None
+    ) -> None:
         self.executor = executor
         self.absolute_data = absolute_data
         # A loop of our own (asyncio.Runner is 3.11+; the package supports 3.10).
         self.loop = asyncio.new_event_loop()
+        # ``start_in``: autogen-ext's Jupyter executor starts its kernel in the process's
+        # working directory (its blocks' relative files land there: a plots block once
+        # rewrote by_category.png in this checkout), so the bench starts it in the work dir.
+        here = os.getcwd()
         try:
-            self.loop.run_until_complete(executor.start())
+            if start_in is not None:
+                os.chdir(start_in)  # contextlib.chdir is 3.11+
+            try:
+                self.loop.run_until_complete(executor.start())
+            finally:
+                os.chdir(here)
         except BaseException:
             self.loop.close()
             raise
