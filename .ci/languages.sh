@@ -29,8 +29,22 @@ languages_install() {
     ) >"$LANGUAGES_LOG" 2>&1 &
     LANGUAGES_PID=$!
     python3 -m bash_kernel.install --sys-prefix >/dev/null
-    # Deno writes its kernelspec into the user's Jupyter data dir; the spec names this deno.
-    deno jupyter --install --force 2>&1 | grep -v 'unstable' || true
+    _kx_deno_kernelspec
+}
+
+# Deno's own `deno jupyter --install` writes into the user's Jupyter data dir, which outlives
+# this environment (a spec naming a deleted checkout's deno was found there): the spec goes into
+# this environment instead, as bash_kernel's does, naming this environment's deno.
+_kx_deno_kernelspec() {
+    python3 - "$(command -v deno)" <<'PY'
+import json, sys
+from pathlib import Path
+spec = Path(sys.prefix, "share", "jupyter", "kernels", "deno")
+spec.mkdir(parents=True, exist_ok=True)
+argv = [sys.argv[1], "jupyter", "--kernel", "--conn", "{connection_file}"]
+kernel = {"argv": argv, "display_name": "Deno", "language": "typescript"}
+(spec / "kernel.json").write_text(json.dumps(kernel, indent=2))
+PY
 }
 
 languages_wait() {
