@@ -57,7 +57,7 @@ from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResul
 from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
-from .backends.forked_kernel import ForkedKernel, fork_request
+from .backends.forked_kernel import ForkedKernel, fork_backend, fork_request
 from .backends.local_kernel import LocalKernel
 
 _log = logging.getLogger("kernelexec")
@@ -606,6 +606,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         # any of them, never into another session.
         self._lineage: object = object()
         self._snapshots: list[AsyncLiveSnapshot] = []
+        # A sandboxed session restored from a live snapshot runs a fork inside the sandbox its
+        # first kernel made; that kernel is kept (its sandbox ends with it) until a restart
+        # (a fresh sandbox) or close.
+        self._origin: KernelBackend | None = None
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
@@ -724,7 +728,12 @@ class AsyncKernelExecutor(AsyncExecutor):
                     await snapshot.release()
             await self._stop_others()
         finally:
-            await self.backend.shutdown()
+            try:
+                await self.backend.shutdown()
+            finally:
+                origin, self._origin = self._origin, None
+                if origin is not None:
+                    await origin.shutdown()
 
     async def _stop_others(self) -> None:
         """Shut the other languages' kernels down (a restart starts them again on first use)."""
@@ -839,7 +848,9 @@ class AsyncKernelExecutor(AsyncExecutor):
             await backend.shutdown()  # its folder and cgroup, prepared for nothing
             raise
         backend.adopted(pid)
-        await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
+        await asyncio.to_thread(
+            copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
+        )
         old, self.backend = self.backend, backend
         try:
             await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
@@ -849,7 +860,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
-        await old.shutdown()
+        if getattr(old, "holds_forks", False):
+            self._origin = old  # the new kernel lives in its sandbox
+        else:
+            await old.shutdown()
 
     async def _take_checkpoint(self, block: PreparedBlock) -> None:
         """``checkpoint="block"``: a live snapshot after a successful block, in place of the
@@ -1004,8 +1018,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             yield
 
     def _forked_backend(self) -> ForkedKernel:
-        python = getattr(self.backend, "python", None)
-        return ForkedKernel(origin_kind=self.backend.kind, python=python)
+        return fork_backend(self.backend)
 
     async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
         children: list[AsyncKernelExecutor] = []
@@ -1015,7 +1028,9 @@ class AsyncKernelExecutor(AsyncExecutor):
                 child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
-                await asyncio.to_thread(copy_work_dir, self._door, child._door)
+                await asyncio.to_thread(
+                    copy_work_dir, self._door, child._door, owner=backend.owner
+                )
                 request = backend.prepare(work_dir=child.work_dir)
                 backend.adopted(await self._fork_process(request))
         except BaseException:
@@ -1026,8 +1041,9 @@ class AsyncKernelExecutor(AsyncExecutor):
     def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
-        return type(self)(
+        child = type(self)(
             backend,
+            work_dir=backend.work_home,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
@@ -1040,6 +1056,8 @@ class AsyncKernelExecutor(AsyncExecutor):
             interrupt_grace=self.interrupt_grace,
             startup_timeout=self.startup_timeout,
         )
+        child._owns_work_dir = True  # made for it (a sandboxed fork's, in the sandbox)
+        return child
 
     async def _fork_process(self, request: dict[str, Any]) -> int:
         """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
@@ -1282,6 +1300,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         return result if shell_failed is None else _shell_failed(result, shell_failed)
 
     async def _replace_kernel(self) -> None:
+        origin, self._origin = self._origin, None
+        if origin is not None:  # restored in a sandbox: its first kernel restarts (a new one)
+            current, self.backend = self.backend, origin
+            await current.shutdown()
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
         await self._setup()
