@@ -722,10 +722,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         # The session's live snapshots are paused kernels of its own: they go with it.
         try:
             await self._drop_checkpoint()
-            snapshots, self._snapshots = self._snapshots, []
-            for snapshot in snapshots:
-                with contextlib.suppress(Exception):
-                    await snapshot.release()
+            await self._release_snapshots()
             await self._stop_others()
         finally:
             try:
@@ -734,6 +731,12 @@ class AsyncKernelExecutor(AsyncExecutor):
                 origin, self._origin = self._origin, None
                 if origin is not None:
                     await origin.shutdown()
+
+    async def _release_snapshots(self) -> None:
+        snapshots, self._snapshots = self._snapshots, []
+        for snapshot in snapshots:
+            with contextlib.suppress(Exception):
+                await snapshot.release()
 
     async def _stop_others(self) -> None:
         """Shut the other languages' kernels down (a restart starts them again on first use)."""
@@ -830,6 +833,9 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
         """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
         holder: AsyncKernelExecutor = snapshot._holder
+        if not await snapshot.at_home(holder.backend.is_alive):
+            # a sandboxed session's snapshots live in its sandbox, which a restart ended
+            raise SnapshotError("this snapshot's paused kernel has ended: it cannot be restored")
         backend = self._forked_backend()
         backend.run_at_start(_SETUP_CODE)
         request = backend.prepare(work_dir=self.work_dir)
@@ -1028,9 +1034,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
-                await asyncio.to_thread(
-                    copy_work_dir, self._door, child._door, owner=backend.owner
-                )
+                await asyncio.to_thread(copy_work_dir, self._door, child._door, owner=backend.owner)
                 request = backend.prepare(work_dir=child.work_dir)
                 backend.adopted(await self._fork_process(request))
         except BaseException:
@@ -1304,6 +1308,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         if origin is not None:  # restored in a sandbox: its first kernel restarts (a new one)
             current, self.backend = self.backend, origin
             await current.shutdown()
+        if getattr(self.backend, "holds_forks", False):
+            await self._release_snapshots()  # they live in the sandbox the restart ends
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
         await self._setup()

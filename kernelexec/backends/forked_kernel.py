@@ -122,13 +122,13 @@ class SandboxForkedKernel(ForkedKernel):
         self.sandbox = sandbox
         self._home, self._namespace = home, namespace
         #: the fork's work dir (its executor's, which removes it), made empty and the host's
-        self.work_home = Path(tempfile.mkdtemp(prefix="work-", dir=home))
+        self.work_home: Path | None = Path(tempfile.mkdtemp(prefix="work-", dir=home))
         #: who owns the files copied in (the sandbox's user, on a root host)
         self.owner = sandbox_owner(sandbox)
 
     def prepare(self, *, work_dir: Path, cwd: str | None = None) -> dict[str, Any]:
         self._work_dir = work_dir
-        give_to_sandbox(self.work_home, self.sandbox)  # copied in by now, every file given
+        give_to_sandbox(work_dir, self.sandbox)  # copied in by now, every file given
         request = self._request()
         request["cwd"] = cwd or str(work_dir)
         self._adopt = request

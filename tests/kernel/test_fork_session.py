@@ -275,7 +275,7 @@ def test_a_fork_restores_its_parents_snapshot(ex: KernelExecutor) -> None:
 
 def test_back_ends_that_cannot_fork_say_so(tmp_path: Path) -> None:
     """Refused before any kernel or container starts."""
-    for name in ("sandboxed-kernel", "docker-kernel"):
+    for name in ("docker-kernel",):
         executor = make_executor(name, work_dir=tmp_path, timeout=60)
         try:
             with pytest.raises(ForkUnsupported, match="forks the kernel process"):
