@@ -12,6 +12,7 @@ import ast
 import asyncio
 import contextlib
 import enum
+import functools
 import inspect
 import json
 import logging
@@ -24,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ._branch import (
     FORKABLE,
@@ -51,6 +52,7 @@ from ._errors import (
 )
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._files import FileStore, KernelFiles
+from ._jobs import AsyncJob, Job
 from ._languages import chdir_code, install_hint, language_kernels, setup_code
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
@@ -610,6 +612,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         # first kernel made; that kernel is kept (its sandbox ends with it) until a restart
         # (a fresh sandbox) or close.
         self._origin: KernelBackend | None = None
+        self._fork_jobs: list[AsyncJob] = []  # submit(on_fork=True): jobs on forks of this session
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
@@ -692,6 +695,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         interrupted first rather than waited for (it returns its ``KeyboardInterrupt``); jobs
         are cancelled first (they end ``cancelled``, not with that interrupt)."""
         if not self.closed and os.getpid() == self._owner:
+            await self._end_fork_jobs()
             await self._end_jobs()
         await self._stop_running_block()
         started = self._started
@@ -761,6 +765,49 @@ class AsyncKernelExecutor(AsyncExecutor):
             await _close_all(children)
             raise
         return children[0] if n is None else children
+
+    async def submit(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = None,
+        on_fork: bool = False,
+        keep_fork: bool = False,
+    ) -> AsyncJob:
+        """Start a block in the background and return its job at once (see
+        ``AsyncExecutor.submit``). ``on_fork=True``: the job runs on a fork of this session,
+        taken now (``SessionBusy`` while a block runs here), so the session stays free for
+        other blocks; the job's state is the fork's (``job.fork``), which is closed when the
+        job ends, unless ``keep_fork=True`` (then it closes with this session, or before)."""
+        if not on_fork:
+            if keep_fork:
+                raise ValueError("keep_fork=True is for a job on a fork (on_fork=True)")
+            return await super().submit(code, language, timeout=timeout)
+        child: AsyncKernelExecutor = await self.fork()
+        try:
+            job = await child.submit(code, language, timeout=timeout)
+        except BaseException:
+            await child.close()
+            raise
+        job.fork, job.fork_kept = child, keep_fork
+        self._fork_jobs.append(job)
+        job.at_end(functools.partial(self._fork_job_ended, job))
+        return job
+
+    async def _fork_job_ended(self, job: AsyncJob) -> None:
+        if not job.fork_kept:
+            with contextlib.suppress(ValueError):
+                self._fork_jobs.remove(job)
+            await cast(AsyncKernelExecutor, job.fork).close()
+
+    async def _end_fork_jobs(self) -> None:
+        """At close: jobs on forks cancelled, and their forks (kept ones too) closed."""
+        jobs, self._fork_jobs = self._fork_jobs, []
+        await asyncio.gather(*(job.cancel() for job in jobs), return_exceptions=True)
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                await cast(AsyncKernelExecutor, job.fork).close()
 
     async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
         """``count`` forks, their kernels forked and not yet connected to: each is started on
@@ -1734,6 +1781,31 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
         if path is not None:
             return self._call(self._core.snapshot, path, key=key)
         return LiveSnapshot(self._call(self._core.snapshot), self._call)
+
+    def submit(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = None,
+        on_fork: bool = False,
+        keep_fork: bool = False,
+    ) -> Job:
+        """Start a block in the background and return its job at once; ``on_fork=True``: on a
+        fork of this session, taken now (see ``AsyncKernelExecutor.submit``). The fork runs on
+        this executor's event loop: ``job.fork`` is its ``KernelExecutor`` there."""
+        aio = self._call(
+            self._core.submit,
+            code,
+            language,
+            timeout=timeout,
+            on_fork=on_fork,
+            keep_fork=keep_fork,
+        )
+        fork = None
+        if aio.fork is not None:  # a twin on this executor's loop, which drives the fork
+            fork = SyncExecutor.wrap(cast(AsyncExecutor, aio.fork), portal=self._portal)
+        return Job(aio, self._portal, fork=fork)
 
     def restore(
         self,
