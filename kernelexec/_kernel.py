@@ -834,18 +834,23 @@ class AsyncKernelExecutor(AsyncExecutor):
         if path is not None:
             return await self._save_durable(Path(path), snapshot_key(key))
         async with self._branching("snapshot()"):
-            (holder,) = await self._forks(1, lineage=self._lineage)
-            try:
-                await holder.start()
-            except BaseException:
-                await holder.close()
-                raise
-            pause(_pid_of(holder), paused=True)
-        snapshot = AsyncLiveSnapshot(
-            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
-        )
+            snapshot = await self._paused_copy()
         self._snapshots.append(snapshot)
         return snapshot
+
+    async def _paused_copy(self) -> AsyncLiveSnapshot:
+        """A live snapshot: a fork of the kernel (the session's lock held), started, then
+        paused. A fork that fails leaves nothing behind."""
+        (holder,) = await self._forks(1, lineage=self._lineage)
+        try:
+            await holder.start()
+        except BaseException:
+            await holder.close()
+            raise
+        pause(_pid_of(holder), paused=True)
+        return AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
 
     async def restore(
         self,
@@ -923,19 +928,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         last one. One that cannot be taken (no memory to fork) leaves the last one, said in
         the log: the block's result is not changed by it."""
         try:
-            (holder,) = await self._forks(1, lineage=self._lineage)
-            try:
-                await holder.start()
-            except BaseException:
-                await holder.close()
-                raise
+            snapshot = await self._paused_copy()
         except Exception as exc:
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
-        pause(_pid_of(holder), paused=True)
-        snapshot = AsyncLiveSnapshot(
-            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
-        )
         snapshot.label = f"checkpoint after block {block.index}"
         old, self._checkpoint = self._checkpoint, snapshot
         if old is not None:

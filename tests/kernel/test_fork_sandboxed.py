@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_containment import gone_within, running
+from kx_fork import cgroup_of, gone_within, marked
 from kx_sandbox import sandbox_unavailable
 
 from kernelexec import (
@@ -53,20 +53,6 @@ def ex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
         yield executor
 
 
-def _processes_running(marker: str) -> list[int]:
-    """Host pids whose command line holds ``marker``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if marker.encode() in cmdline and running(int(name)):
-                found.append(int(name))
-    return found
-
-
 def test_a_fork_holds_the_state_in_the_sandbox_with_its_own_files(ex: KernelExecutor) -> None:
     child = ex.fork()
     try:
@@ -87,7 +73,7 @@ def test_a_fork_holds_the_state_in_the_sandbox_with_its_own_files(ex: KernelExec
         # its own process and cgroup, not the sandbox's first kernel's
         pid, origin = child.backend.pid, ex.backend.pid
         assert pid is not None and origin is not None and pid != origin
-        assert Path(f"/proc/{pid}/cgroup").read_text() != Path(f"/proc/{origin}/cgroup").read_text()
+        assert cgroup_of(pid) != cgroup_of(origin)
     finally:
         child.close()
     assert not Path(child.work_dir).exists()
@@ -103,7 +89,7 @@ def test_closing_a_fork_ends_what_it_started_and_the_session_goes_on(ex: KernelE
     assert r.output.strip() == "ok", r.output
     pid = child.backend.pid
     assert pid is not None
-    sleepers = _processes_running(f"sleep 3{marker}")
+    sleepers = marked(f"sleep 3{marker}")
     assert sleepers
     child.close()
     assert gone_within(pid)

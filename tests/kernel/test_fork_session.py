@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_containment import gone_within, our_cgroups, running
+from kx_containment import our_cgroups
+from kx_fork import cgroup_of, gone_within, kernel_pid, running
 
 from kernelexec import (
     ForkKernel,
@@ -50,10 +51,6 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
         yield executor
 
 
-def _pid(executor: KernelExecutor) -> int:
-    return int(executor.execute("import os; os.getpid()").output)
-
-
 def _our_fork_folders() -> set[Path]:
     """The fork folders this test process made (other xdist workers make theirs meanwhile)."""
     from kernelexec.backends._owner import OWNER_FILE, Owner
@@ -67,10 +64,6 @@ def _our_fork_folders() -> set[Path]:
         if owner is not None and owner.pid == os.getpid():
             found.add(folder)
     return found
-
-
-def _cgroup(pid: int) -> str:
-    return Path(f"/proc/{pid}/cgroup").read_text()
 
 
 def test_a_fork_holds_the_state_and_the_two_diverge(ex: KernelExecutor) -> None:
@@ -124,15 +117,15 @@ def test_the_parent_is_undisturbed(ex: KernelExecutor) -> None:
 
 
 def test_each_fork_is_its_own_process_group_and_cgroup(ex: KernelExecutor) -> None:
-    parent = _pid(ex)
+    parent = kernel_pid(ex)
     forks = ex.fork(n=3)
     try:
         assert len(forks) == 3
-        pids = [_pid(c) for c in forks]
+        pids = [kernel_pid(c) for c in forks]
         assert len({parent, *pids}) == 4
         for pid in pids:
             assert os.getpgid(pid) == pid  # it leads its own group: killed with it
-            assert _cgroup(pid) != _cgroup(parent)
+            assert cgroup_of(pid) != cgroup_of(parent)
         values = [c.execute("print(x)").output for c in forks]
         assert values == ["41\n"] * 3
     finally:
@@ -207,7 +200,7 @@ def test_nothing_is_left_running_after_close(tmp_path: Path) -> None:
     parent.execute("x = 1")
     child = parent.fork()
     snap = parent.snapshot()
-    pids = [_pid(parent), _pid(child), snap.aio._holder.backend.pid]
+    pids = [kernel_pid(parent), kernel_pid(child), snap.aio._holder.backend.pid]
     escaped = child.execute(
         "import subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
