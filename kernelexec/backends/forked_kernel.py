@@ -13,6 +13,7 @@ gone: it gives a fresh kernel from a fork server, as a restart of any kernel los
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -67,6 +68,8 @@ class ForkedKernel(ForkKernel):
         #: the kind of the kernel this one was forked from (``local-kernel``, ``fork-kernel``)
         self.origin_kind = origin_kind
         self._adopt: dict[str, Any] | None = None
+        #: the OOM kills counted so far in the fork's memory cgroup, and where they are counted
+        self._oom: tuple[Path, int] | None = None
 
     def prepare(self, *, work_dir: Path, cwd: str | None = None) -> dict[str, Any]:
         """The request the running kernel forks into (a private folder, connection file, log,
@@ -87,6 +90,17 @@ class ForkedKernel(ForkKernel):
     def adopted(self, pid: int) -> None:
         """The running kernel forked: ``pid`` is the child the next ``start()`` connects to."""
         self._pid = pid
+        first_to_go(pid)
+        self._oom = oom_kills(pid)
+
+    def death_reason(self) -> str | None:
+        reason = super().death_reason()
+        if reason is None or self._oom is None:
+            return reason
+        where, before = self._oom
+        if _count_oom(where) > before:  # no parent waits for a fork: the cgroup tells
+            return "killed for want of memory (the OOM killer: its writes copy shared pages)"
+        return reason
 
     def release_request(self) -> None:
         """The fork failed: the prepared folder and cgroup go (nothing was forked into them)."""
@@ -155,6 +169,8 @@ class SandboxForkedKernel(ForkedKernel):
         if found is None:
             raise KernelStartFailed(f"the sandboxed kernel's fork (pid {pid}) is not running")
         self._pid = found
+        first_to_go(found)
+        self._oom = oom_kills(found)
         mechanism = _containment.mechanism()
         if mechanism.startswith("cgroup"):
             self._jail = jail = _containment.make_jail(mechanism)
@@ -173,6 +189,44 @@ class SandboxForkedKernel(ForkedKernel):
             "a fork of a sandboxed kernel cannot restart: its state is gone and a fresh kernel"
             " would be outside the sandbox; start a new sandboxed executor instead"
         )
+
+
+def first_to_go(pid: int) -> None:
+    """When memory runs out where a fork and its session share a limit (a cgroup's, the
+    machine's), the OOM killer takes the fork (or a snapshot), not the session: its pages are
+    mostly the session's, shared, and the copies its writes make are what ran out."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def oom_kills(pid: int) -> tuple[Path, int] | None:
+    """The file counting OOM kills in ``pid``'s memory cgroup (v1 ``memory.oom_control``, v2
+    ``memory.events``) and its count now; None where there is none to read."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            where = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
+        elif controllers == "":
+            where = Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
+        else:
+            continue
+        if where.exists():
+            return where, _count_oom(where)
+    return None
+
+
+def _count_oom(where: Path) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in where.read_text(encoding="ascii").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    return 0
 
 
 def fork_backend(backend: Any) -> ForkedKernel:

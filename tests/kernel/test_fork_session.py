@@ -414,3 +414,45 @@ def test_checkpoint_needs_a_back_end_that_forks() -> None:
         KernelExecutor(checkpoint="always")
     with pytest.raises(ForkUnsupported):
         make_executor("docker-kernel", checkpoint="block")
+
+
+def test_a_fork_that_runs_out_of_memory_costs_only_itself(tmp_path: Path) -> None:
+    """A real memory limit (a cgroup v1 memory controller) over the session: its fork shares
+    it, and the copies the fork's writes make exceed it. The OOM killer takes the fork (its
+    oom_score_adj says it goes first), the session carries on, nothing is left behind."""
+    memory = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (memory / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory controller (this project's CI has both)")
+    group = memory / f"kx-test-fork-oom-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        with make_executor("fork-kernel", work_dir=tmp_path, timeout=60) as ex:
+            # 160 MiB written before the limit: charged outside it (charges do not move)
+            assert ex.execute("import numpy as np\na = np.ones(20 * 2**20)").exit_code == 0
+            parent = ex.backend.pid
+            assert parent is not None
+            (group / "cgroup.procs").write_text(str(parent))
+            (group / "memory.limit_in_bytes").write_text(str(64 * 2**20))
+            child = ex.fork()  # the fork itself copies no page: it fits
+            try:
+                pid = child.backend.pid
+                assert pid is not None
+                assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+                r = child.execute("a += 1\nprint('never')")  # copies 160 MiB: over the limit
+                assert r.kernel_died and "never" not in r.output
+                assert "for want of memory" in r.output  # the result says why
+                assert gone_within(pid)
+                # the session kept its state
+                assert ex.execute("print(a[:2].sum())").output.strip() == "2.0"
+            finally:
+                child.close()
+        assert gone_within(parent)
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                group.rmdir()  # empty: nothing was left in it
+                break
+            except OSError:
+                time.sleep(0.05)
+    assert not group.exists()
