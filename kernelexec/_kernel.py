@@ -579,6 +579,12 @@ class AsyncKernelExecutor(AsyncExecutor):
                 f"checkpoint='block' keeps a forked copy of the kernel, which a"
                 f" {self.backend.kind} back end does not allow"
             )
+        if checkpoint is not None and getattr(self.backend, "holds_forks", False):
+            # The copy would live in the kernel's sandbox, which ends when the kernel dies.
+            raise ForkUnsupported(
+                "checkpoint='block' is not for a sandboxed kernel: its checkpoint would live in"
+                " the kernel's sandbox, which ends with the kernel it is meant to outlive"
+            )
         #: ``"block"``: a live snapshot is kept after each successful block, so a block that
         #: kills its kernel costs only itself (see ``_died``)
         self.checkpoint = checkpoint

@@ -157,3 +157,14 @@ def test_a_snapshot_of_another_kind_is_refused(ex: KernelExecutor) -> None:
         with pytest.raises(SnapshotError, match="another session"):
             ex.restore(snap)
         snap.release()
+
+
+def test_checkpoints_are_refused_for_a_sandboxed_kernel(tmp_path: Path) -> None:
+    """A checkpoint would live in the sandbox, which ends with the kernel it should outlive."""
+    from kernelexec import ForkUnsupported
+    from kernelexec.backends.sandboxed import SandboxedKernel
+
+    if sandbox_unavailable() is not None:
+        pytest.skip("no sandbox here")
+    with pytest.raises(ForkUnsupported, match="not for a sandboxed kernel"):
+        KernelExecutor(SandboxedKernel(), work_dir=tmp_path, checkpoint="block")
