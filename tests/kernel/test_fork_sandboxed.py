@@ -168,3 +168,19 @@ def test_checkpoints_are_refused_for_a_sandboxed_kernel(tmp_path: Path) -> None:
         pytest.skip("no sandbox here")
     with pytest.raises(ForkUnsupported, match="not for a sandboxed kernel"):
         KernelExecutor(SandboxedKernel(), work_dir=tmp_path, checkpoint="block")
+
+
+def test_a_kernel_that_lies_about_its_forks_pid_is_refused(ex: KernelExecutor) -> None:
+    """The pid comes from the kernel, which the code controls: one that is not a process of
+    the sandbox is never adopted (nor signalled, nor moved into a cgroup)."""
+    r = ex.execute(
+        "import io, os\n_real_fdopen = os.fdopen\n"
+        "os.fdopen = lambda fd, *a, **k: (os.close(fd), io.BytesIO(b'4242424'))[1]"
+    )
+    assert r.exit_code == 0, r.output
+    try:
+        with pytest.raises(KernelStartFailed, match=r"4242424.*not running"):
+            ex.fork()
+    finally:
+        assert ex.execute("os.fdopen = _real_fdopen").exit_code == 0
+    assert ex.execute("print(x)").output.strip() == "41"
