@@ -1,8 +1,9 @@
 """Forking a live session and restoring a live snapshot, beside a cold start and a re-run.
 
-    python benchmarks/fork_session.py [-n 5] [--mib 1024] [--json]
+    python benchmarks/fork_session.py [-n 5] [--mib 1024] [--executor KIND ...] [--json]
 
-A fork-server session holds a numpy array of ``--mib`` MiB. Measured, round by round:
+A session (``--executor``: ``fork-kernel``, the default, or ``sandboxed-kernel``; repeat it for a
+row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
 
 * fork to the child's first block: ``ex.fork()`` + a block reading the array. Target 50 ms.
 * restore: ``ex.restore(snapshot)`` + the same block.
@@ -37,7 +38,10 @@ def build(mib: int) -> str:
 
 
 def _pid(ex: KernelExecutor) -> int:
-    return int(ex.execute("import os; os.getpid()").output)
+    """The kernel's host pid (a sandboxed kernel's own pid is its sandbox's)."""
+    pid = ex.aio.backend.pid
+    assert pid is not None
+    return int(pid)
 
 
 def fork_round(ex: KernelExecutor) -> tuple[float, float, float]:
@@ -65,18 +69,18 @@ def restore_round(ex: KernelExecutor, snapshot: Any) -> float:
     return time.perf_counter() - started
 
 
-def cold_round(root: str, mib: int) -> float:
+def cold_round(root: str, mib: int, kind: str) -> float:
     started = time.perf_counter()
-    with make_executor("fork-kernel", work_dir=root, timeout=120) as cold:
+    with make_executor(kind, work_dir=root, timeout=120) as cold:
         cold.execute(build(mib))
         result = cold.execute(READ)
         assert result.exit_code == 0, result.output
         return time.perf_counter() - started
 
 
-def measure(rounds: int, mib: int) -> dict[str, Any]:
+def measure(rounds: int, mib: int, kind: str = "fork-kernel") -> dict[str, Any]:
     with TemporaryDirectory() as root:
-        ex = make_executor("fork-kernel", work_dir=root, timeout=120)
+        ex = make_executor(kind, work_dir=root, timeout=120)
         assert isinstance(ex, KernelExecutor)
         try:
             ex.execute(build(mib))
@@ -88,12 +92,13 @@ def measure(rounds: int, mib: int) -> dict[str, Any]:
                 uss.append(before)
                 grown.append(after)
                 restores.append(restore_round(ex, snapshot))
-                colds.append(cold_round(root, mib))
+                colds.append(cold_round(root, mib, kind))
             snapshot.release()
         finally:
             ex.close()
             stop_fork_servers()
     return {
+        "executor": kind,
         "load": os.getloadavg(),
         "array_mib": mib,
         "rounds": rounds,
@@ -109,13 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--mib", type=int, default=1024, help="the array's size (default 1024)")
+    parser.add_argument(
+        "--executor",
+        action="append",
+        choices=("fork-kernel", "sandboxed-kernel"),
+        help="the session's back end, repeatable (default fork-kernel)",
+    )
     parser.add_argument("--json", action="store_true", help="the report as JSON")
     args = parser.parse_args(argv)
-    report = measure(args.n, args.mib)
+    reports = [measure(args.n, args.mib, kind) for kind in args.executor or ["fork-kernel"]]
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:
-        _print(report)
+        for report in reports:
+            _print(report)
     return 0
 
 
@@ -123,7 +135,9 @@ def _print(r: dict[str, Any]) -> None:
     fork = r["fork_first_block_p50_s"]
     verdict = "PASS" if fork <= FORK_TARGET_S else "FAIL"
     print(f"load average {r['load'][0]:.2f}, python {sys.version.split()[0]}")
-    print(f"session holding a {r['array_mib']} MiB array, {r['rounds']} rounds (p50):")
+    print(
+        f"{r['executor']} session holding a {r['array_mib']} MiB array, {r['rounds']} rounds (p50):"
+    )
     print(
         f"  fork to the child's first block {fork * 1000:.0f} ms  target "
         f"{FORK_TARGET_S * 1000:.0f} ms: {verdict}"

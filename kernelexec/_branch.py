@@ -25,17 +25,27 @@ _T = TypeVar("_T")
 
 _COPY_CHUNK = 1 << 20
 #: back ends whose kernel process kernelexec forks (``fork()``, live snapshots)
-FORKABLE = ("local-kernel", "fork-kernel", "forked-kernel")
+FORKABLE = (
+    "local-kernel",
+    "fork-kernel",
+    "forked-kernel",
+    "sandboxed-kernel",
+    "sandboxed-forked-kernel",
+)
 
 
 def _skip(rel: str) -> bool:
     return rel == INTERNAL_DIR or rel.startswith(INTERNAL_DIR + "/")
 
 
-def copy_work_dir(source: Door, dest: Door, *, replace: bool = False) -> int:
+def copy_work_dir(
+    source: Door, dest: Door, *, replace: bool = False, owner: tuple[int, int] | None = None
+) -> int:
     """Copy every regular file and folder of ``source``'s work dir into ``dest``'s (kernelexec's
     own folder excluded); with ``replace``, what ``dest`` held is removed first. Links, FIFOs,
-    sockets and devices are skipped (never followed). Returns the number of files copied."""
+    sockets and devices are skipped (never followed). ``owner``: (uid, gid) each copy is given
+    to (a sandbox's user, who must write its files), through the door (a link is never
+    followed). Returns the number of files copied."""
     if replace:
         empty_work_dir(dest)
     copied = 0
@@ -47,6 +57,8 @@ def copy_work_dir(source: Door, dest: Door, *, replace: bool = False) -> int:
                 with source.open_regular(rel) as (src, _), dest.replacing(rel) as dst:
                     shutil.copyfileobj(src, dst, _COPY_CHUNK)
                 copied += 1
+            if owner is not None:
+                dest.chown(rel, *owner)
         except (OSError, InvalidPath):
             continue  # removed meanwhile, or a planted link: not copied
     return copied

@@ -176,6 +176,12 @@ class AsyncJob:
         self._status = JobStatus.QUEUED
         self._cancel_asked = False
         self._task: asyncio.Task[ExecutionResult] | None = None
+        #: ``submit(..., on_fork=True)``: the fork of the session the job runs on (an
+        #: ``AsyncKernelExecutor``); its state is the fork's, not the session's. None otherwise.
+        self.fork: object | None = None
+        #: whether ``fork`` stays open once the job ends (``keep_fork=True``)
+        self.fork_kept = False
+        self._at_end: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
         return f"<AsyncJob {self.id} {self._status.value}>"
@@ -187,9 +193,17 @@ class AsyncJob:
                 return await run(self)
             finally:
                 self.ended_at = time.time()
+                for fn in self._at_end:  # before wait() returns: nothing of it left running
+                    await fn()
 
         self._task = asyncio.ensure_future(runner())
         self._task.add_done_callback(self._ended)
+
+    def at_end(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """``fn()`` awaited once the job has ended, before its result is handed out (a job on
+        a fork: the fork is closed). Given before the job can end (``submit`` does)."""
+        assert not self.done(), "at_end() of a job that has ended"
+        self._at_end.append(fn)
 
     def mark_running(self) -> None:
         self._status = JobStatus.RUNNING
@@ -296,9 +310,10 @@ class AsyncJob:
 class Job:
     """The synchronous twin of an ``AsyncJob`` (what ``KernelExecutor.submit`` returns)."""
 
-    def __init__(self, job: AsyncJob, portal: Portal) -> None:
+    def __init__(self, job: AsyncJob, portal: Portal, *, fork: object | None = None) -> None:
         self._job = job
         self._portal = portal
+        self._fork = fork  # the sync twin of job.fork, when there is one
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.status.value}>"
@@ -310,6 +325,16 @@ class Job:
     @property
     def id(self) -> str:
         return self._job.id
+
+    @property
+    def fork(self) -> object | None:
+        """``submit(..., on_fork=True)``: the fork the job runs on (a ``KernelExecutor`` on the
+        session's event loop); None otherwise."""
+        return self._fork if self._fork is not None else self._job.fork
+
+    @property
+    def fork_kept(self) -> bool:
+        return self._job.fork_kept
 
     @property
     def status(self) -> JobStatus:

@@ -12,6 +12,7 @@ import ast
 import asyncio
 import contextlib
 import enum
+import functools
 import inspect
 import json
 import logging
@@ -24,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ._branch import (
     FORKABLE,
@@ -51,13 +52,14 @@ from ._errors import (
 )
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
 from ._files import FileStore, KernelFiles
+from ._jobs import AsyncJob, Job
 from ._languages import chdir_code, install_hint, language_kernels, setup_code
 from ._outputs import Collected, OutputCollector
 from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResult, NbOutput
 from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
-from .backends.forked_kernel import ForkedKernel, fork_request
+from .backends.forked_kernel import ForkedKernel, fork_backend, fork_request
 from .backends.local_kernel import LocalKernel
 
 _log = logging.getLogger("kernelexec")
@@ -577,6 +579,12 @@ class AsyncKernelExecutor(AsyncExecutor):
                 f"checkpoint='block' keeps a forked copy of the kernel, which a"
                 f" {self.backend.kind} back end does not allow"
             )
+        if checkpoint is not None and getattr(self.backend, "holds_forks", False):
+            # The copy would live in the kernel's sandbox, which ends when the kernel dies.
+            raise ForkUnsupported(
+                "checkpoint='block' is not for a sandboxed kernel: its checkpoint would live in"
+                " the kernel's sandbox, which ends with the kernel it is meant to outlive"
+            )
         #: ``"block"``: a live snapshot is kept after each successful block, so a block that
         #: kills its kernel costs only itself (see ``_died``)
         self.checkpoint = checkpoint
@@ -606,6 +614,11 @@ class AsyncKernelExecutor(AsyncExecutor):
         # any of them, never into another session.
         self._lineage: object = object()
         self._snapshots: list[AsyncLiveSnapshot] = []
+        # A sandboxed session restored from a live snapshot runs a fork inside the sandbox its
+        # first kernel made; that kernel is kept (its sandbox ends with it) until a restart
+        # (a fresh sandbox) or close.
+        self._origin: KernelBackend | None = None
+        self._fork_jobs: list[AsyncJob] = []  # submit(on_fork=True): jobs on forks of this session
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
@@ -688,6 +701,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         interrupted first rather than waited for (it returns its ``KeyboardInterrupt``); jobs
         are cancelled first (they end ``cancelled``, not with that interrupt)."""
         if not self.closed and os.getpid() == self._owner:
+            await self._end_fork_jobs()
             await self._end_jobs()
         await self._stop_running_block()
         started = self._started
@@ -718,13 +732,21 @@ class AsyncKernelExecutor(AsyncExecutor):
         # The session's live snapshots are paused kernels of its own: they go with it.
         try:
             await self._drop_checkpoint()
-            snapshots, self._snapshots = self._snapshots, []
-            for snapshot in snapshots:
-                with contextlib.suppress(Exception):
-                    await snapshot.release()
+            await self._release_snapshots()
             await self._stop_others()
         finally:
-            await self.backend.shutdown()
+            try:
+                await self.backend.shutdown()
+            finally:
+                origin, self._origin = self._origin, None
+                if origin is not None:
+                    await origin.shutdown()
+
+    async def _release_snapshots(self) -> None:
+        snapshots, self._snapshots = self._snapshots, []
+        for snapshot in snapshots:
+            with contextlib.suppress(Exception):
+                await snapshot.release()
 
     async def _stop_others(self) -> None:
         """Shut the other languages' kernels down (a restart starts them again on first use)."""
@@ -749,6 +771,49 @@ class AsyncKernelExecutor(AsyncExecutor):
             await _close_all(children)
             raise
         return children[0] if n is None else children
+
+    async def submit(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = None,
+        on_fork: bool = False,
+        keep_fork: bool = False,
+    ) -> AsyncJob:
+        """Start a block in the background and return its job at once (see
+        ``AsyncExecutor.submit``). ``on_fork=True``: the job runs on a fork of this session,
+        taken now (``SessionBusy`` while a block runs here), so the session stays free for
+        other blocks; the job's state is the fork's (``job.fork``), which is closed when the
+        job ends, unless ``keep_fork=True`` (then it closes with this session, or before)."""
+        if not on_fork:
+            if keep_fork:
+                raise ValueError("keep_fork=True is for a job on a fork (on_fork=True)")
+            return await super().submit(code, language, timeout=timeout)
+        child: AsyncKernelExecutor = await self.fork()
+        try:
+            job = await child.submit(code, language, timeout=timeout)
+        except BaseException:
+            await child.close()
+            raise
+        job.fork, job.fork_kept = child, keep_fork
+        self._fork_jobs.append(job)
+        job.at_end(functools.partial(self._fork_job_ended, job))
+        return job
+
+    async def _fork_job_ended(self, job: AsyncJob) -> None:
+        if not job.fork_kept:
+            with contextlib.suppress(ValueError):
+                self._fork_jobs.remove(job)
+            await cast(AsyncKernelExecutor, job.fork).close()
+
+    async def _end_fork_jobs(self) -> None:
+        """At close: jobs on forks cancelled, and their forks (kept ones too) closed."""
+        jobs, self._fork_jobs = self._fork_jobs, []
+        await asyncio.gather(*(job.cancel() for job in jobs), return_exceptions=True)
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                await cast(AsyncKernelExecutor, job.fork).close()
 
     async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
         """``count`` forks, their kernels forked and not yet connected to: each is started on
@@ -775,18 +840,23 @@ class AsyncKernelExecutor(AsyncExecutor):
         if path is not None:
             return await self._save_durable(Path(path), snapshot_key(key))
         async with self._branching("snapshot()"):
-            (holder,) = await self._forks(1, lineage=self._lineage)
-            try:
-                await holder.start()
-            except BaseException:
-                await holder.close()
-                raise
-            pause(_pid_of(holder), paused=True)
-        snapshot = AsyncLiveSnapshot(
-            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
-        )
+            snapshot = await self._paused_copy()
         self._snapshots.append(snapshot)
         return snapshot
+
+    async def _paused_copy(self) -> AsyncLiveSnapshot:
+        """A live snapshot: a fork of the kernel (the session's lock held), started, then
+        paused. A fork that fails leaves nothing behind."""
+        (holder,) = await self._forks(1, lineage=self._lineage)
+        try:
+            await holder.start()
+        except BaseException:
+            await holder.close()
+            raise
+        pause(_pid_of(holder), paused=True)
+        return AsyncLiveSnapshot(
+            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
+        )
 
     async def restore(
         self,
@@ -821,6 +891,9 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
         """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
         holder: AsyncKernelExecutor = snapshot._holder
+        if not await snapshot.at_home(holder.backend.is_alive):
+            # a sandboxed session's snapshots live in its sandbox, which a restart ended
+            raise SnapshotError("this snapshot's paused kernel has ended: it cannot be restored")
         backend = self._forked_backend()
         backend.run_at_start(_SETUP_CODE)
         request = backend.prepare(work_dir=self.work_dir)
@@ -839,7 +912,9 @@ class AsyncKernelExecutor(AsyncExecutor):
             await backend.shutdown()  # its folder and cgroup, prepared for nothing
             raise
         backend.adopted(pid)
-        await asyncio.to_thread(copy_work_dir, holder._door, self._door, replace=True)
+        await asyncio.to_thread(
+            copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
+        )
         old, self.backend = self.backend, backend
         try:
             await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
@@ -849,26 +924,20 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
-        await old.shutdown()
+        if getattr(old, "holds_forks", False):
+            self._origin = old  # the new kernel lives in its sandbox
+        else:
+            await old.shutdown()
 
     async def _take_checkpoint(self, block: PreparedBlock) -> None:
         """``checkpoint="block"``: a live snapshot after a successful block, in place of the
         last one. One that cannot be taken (no memory to fork) leaves the last one, said in
         the log: the block's result is not changed by it."""
         try:
-            (holder,) = await self._forks(1, lineage=self._lineage)
-            try:
-                await holder.start()
-            except BaseException:
-                await holder.close()
-                raise
+            snapshot = await self._paused_copy()
         except Exception as exc:
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
-        pause(_pid_of(holder), paused=True)
-        snapshot = AsyncLiveSnapshot(
-            holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
-        )
         snapshot.label = f"checkpoint after block {block.index}"
         old, self._checkpoint = self._checkpoint, snapshot
         if old is not None:
@@ -1004,8 +1073,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             yield
 
     def _forked_backend(self) -> ForkedKernel:
-        python = getattr(self.backend, "python", None)
-        return ForkedKernel(origin_kind=self.backend.kind, python=python)
+        return fork_backend(self.backend)
 
     async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
         children: list[AsyncKernelExecutor] = []
@@ -1015,7 +1083,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
-                await asyncio.to_thread(copy_work_dir, self._door, child._door)
+                await asyncio.to_thread(copy_work_dir, self._door, child._door, owner=backend.owner)
                 request = backend.prepare(work_dir=child.work_dir)
                 backend.adopted(await self._fork_process(request))
         except BaseException:
@@ -1026,8 +1094,9 @@ class AsyncKernelExecutor(AsyncExecutor):
     def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
-        return type(self)(
+        child = type(self)(
             backend,
+            work_dir=backend.work_home,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
@@ -1040,6 +1109,8 @@ class AsyncKernelExecutor(AsyncExecutor):
             interrupt_grace=self.interrupt_grace,
             startup_timeout=self.startup_timeout,
         )
+        child._owns_work_dir = True  # made for it (a sandboxed fork's, in the sandbox)
+        return child
 
     async def _fork_process(self, request: dict[str, Any]) -> int:
         """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
@@ -1282,6 +1353,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         return result if shell_failed is None else _shell_failed(result, shell_failed)
 
     async def _replace_kernel(self) -> None:
+        origin, self._origin = self._origin, None
+        if origin is not None:  # restored in a sandbox: its first kernel restarts (a new one)
+            current, self.backend = self.backend, origin
+            await current.shutdown()
+        if getattr(self.backend, "holds_forks", False):
+            await self._release_snapshots()  # they live in the sandbox the restart ends
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
         await self._setup()
@@ -1706,6 +1783,31 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
         if path is not None:
             return self._call(self._core.snapshot, path, key=key)
         return LiveSnapshot(self._call(self._core.snapshot), self._call)
+
+    def submit(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = None,
+        on_fork: bool = False,
+        keep_fork: bool = False,
+    ) -> Job:
+        """Start a block in the background and return its job at once; ``on_fork=True``: on a
+        fork of this session, taken now (see ``AsyncKernelExecutor.submit``). The fork runs on
+        this executor's event loop: ``job.fork`` is its ``KernelExecutor`` there."""
+        aio = self._call(
+            self._core.submit,
+            code,
+            language,
+            timeout=timeout,
+            on_fork=on_fork,
+            keep_fork=keep_fork,
+        )
+        fork = None
+        if aio.fork is not None:  # a twin on this executor's loop, which drives the fork
+            fork = SyncExecutor.wrap(cast(AsyncExecutor, aio.fork), portal=self._portal)
+        return Job(aio, self._portal, fork=fork)
 
     def restore(
         self,

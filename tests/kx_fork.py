@@ -1,28 +1,44 @@
-"""Helpers shared by the fork-kernel tests: process states and the server's spare."""
+"""Helpers shared by the fork tests (fork-server kernels, forked sessions, sandboxed forks,
+jobs on forks): process states, marked processes, a kernel's pid and cgroup, the server's
+spare."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
+from kx_containment import gone_within, running
+
+from kernelexec import KernelExecutor
 from kernelexec.bench.memory import children_of
 
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (the fork server reaps its children, but not instantly)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+__all__ = ["cgroup_of", "gone_within", "kernel_pid", "marked", "running", "spare_of"]
 
 
-def gone_within(pid: int, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.02)
-    return False
+def marked(marker: str, *, also: str = "") -> list[int]:
+    """Pids of the processes (zombies too) whose command line holds ``marker`` (and
+    ``also``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if marker.encode() in cmdline and also.encode() in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def kernel_pid(executor: KernelExecutor) -> int:
+    """The kernel's pid as the kernel sees it."""
+    return int(executor.execute("import os; os.getpid()").output)
+
+
+def cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
 
 
 def spare_of(server: int, kernels: set[int], seconds: float = 10) -> int:

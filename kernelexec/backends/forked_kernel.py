@@ -13,15 +13,22 @@ gone: it gives a fresh kernel from a fork server, as a restart of any kernel los
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._errors import BackendUnavailable
+from jupyter_client.connect import write_connection_file
+
+from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
+from ._sandbox import SandboxOptions, give_to_sandbox
 from .fork_kernel import ForkKernel
+from .sandboxed import SandboxedKernel, sandbox_owner
+from .sandboxed import host_pid as sandbox_host_pid
 
 _CHILD_SOURCE = Path(__file__).with_name("_fork_child.py")
 #: the module the fork code is loaded into in the kernel (never the user's namespace)
@@ -51,12 +58,18 @@ class ForkedKernel(ForkKernel):
     """The back end of a fork: adopts the forked process, then behaves as a fork-server kernel."""
 
     kind = "forked-kernel"
+    #: where the fork's executor works (None: a fresh folder of its own)
+    work_home: Path | None = None
+    #: who owns the files copied into its work dir (None: the host's user)
+    owner: tuple[int, int] | None = None
 
     def __init__(self, *, origin_kind: str, python: str | None = None) -> None:
         super().__init__(python=python)
         #: the kind of the kernel this one was forked from (``local-kernel``, ``fork-kernel``)
         self.origin_kind = origin_kind
         self._adopt: dict[str, Any] | None = None
+        #: the OOM kills counted so far in the fork's memory cgroup, and where they are counted
+        self._oom: tuple[Path, int] | None = None
 
     def prepare(self, *, work_dir: Path, cwd: str | None = None) -> dict[str, Any]:
         """The request the running kernel forks into (a private folder, connection file, log,
@@ -77,6 +90,17 @@ class ForkedKernel(ForkKernel):
     def adopted(self, pid: int) -> None:
         """The running kernel forked: ``pid`` is the child the next ``start()`` connects to."""
         self._pid = pid
+        first_to_go(pid)
+        self._oom = oom_kills(pid)
+
+    def death_reason(self) -> str | None:
+        reason = super().death_reason()
+        if reason is None or self._oom is None:
+            return reason
+        where, before = self._oom
+        if _count_oom(where) > before:  # no parent waits for a fork: the cgroup tells
+            return "killed for want of memory (the OOM killer: its writes copy shared pages)"
+        return reason
 
     def release_request(self) -> None:
         """The fork failed: the prepared folder and cgroup go (nothing was forked into them)."""
@@ -89,3 +113,125 @@ class ForkedKernel(ForkKernel):
         # A restart: the forked state is gone; a fresh kernel (as any restart gives).
         self.python = self.python or sys.executable
         return await super()._fork(deadline)
+
+
+class SandboxForkedKernel(ForkedKernel):
+    """A fork of a sandboxed kernel: a process of the same bubblewrap sandbox (fork is in
+    process: it cannot leave the sandbox's namespaces, and no new sandbox can be made around a
+    running process). So it has the sandbox's view, user and network, and it ends with the
+    sandbox: closing the session that started the sandbox ends its forks and snapshots too.
+
+    Its folders are made by the host in the sandbox's runtime dir (the only place the host
+    can add to the running sandbox's view; the code cannot rename what the host makes there):
+    ``fork-*`` holds its connection file, sockets and log, ``work-*`` is its work dir. Its host
+    pid is looked up in the sandbox's pid namespace, and the host moves it into a cgroup of
+    its own (the sandbox hides the cgroup tree from inside). It cannot restart: a fresh kernel
+    would be outside the sandbox."""
+
+    kind = "sandboxed-forked-kernel"
+    inherits_host_env = False
+
+    def __init__(self, *, home: str, namespace: str, sandbox: SandboxOptions) -> None:
+        super().__init__(origin_kind="sandboxed-kernel")
+        self.sandbox = sandbox
+        self._home, self._namespace = home, namespace
+        #: the fork's work dir (its executor's, which removes it), made empty and the host's
+        self.work_home: Path | None = Path(tempfile.mkdtemp(prefix="work-", dir=home))
+        #: who owns the files copied in (the sandbox's user, on a root host)
+        self.owner = sandbox_owner(sandbox)
+
+    def prepare(self, *, work_dir: Path, cwd: str | None = None) -> dict[str, Any]:
+        self._work_dir = work_dir
+        give_to_sandbox(work_dir, self.sandbox)  # copied in by now, every file given
+        request = self._request()
+        request["cwd"] = cwd or str(work_dir)
+        self._adopt = request
+        return request
+
+    def _request(self) -> dict[str, Any]:
+        self._dir = folder = tempfile.mkdtemp(prefix="fork-", dir=self._home)
+        connection_file = os.path.join(folder, "kernel.json")
+        write_connection_file(connection_file, transport="ipc", ip=os.path.join(folder, "k"))
+        give_to_sandbox(connection_file, self.sandbox)  # the fork reads it, as the sandbox's user
+        give_to_sandbox(folder, self.sandbox)  # it binds its sockets and writes its log there
+        return {
+            "connection_file": connection_file,
+            "cwd": str(self._work_dir),
+            "log": os.path.join(folder, "kernel.log"),
+            "cgroup": None,  # hidden inside the sandbox: the host moves the fork (adopted)
+            "setup": self._setup,
+        }
+
+    def adopted(self, pid: int) -> None:
+        """``pid``: the fork's pid inside the sandbox (what the kernel answered, so checked:
+        only a process of the sandbox's pid namespace is ever adopted, signalled or killed)."""
+        found = sandbox_host_pid(self._namespace, pid)
+        if found is None:
+            raise KernelStartFailed(f"the sandboxed kernel's fork (pid {pid}) is not running")
+        self._pid = found
+        first_to_go(found)
+        self._oom = oom_kills(found)
+        mechanism = _containment.mechanism()
+        if mechanism.startswith("cgroup"):
+            self._jail = jail = _containment.make_jail(mechanism)
+            if jail.procs_file is not None:
+                jail.procs_file.write_text(str(found), encoding="ascii")
+
+    def fork_home(self) -> tuple[str, str]:
+        """A fork of this fork lives in the same sandbox."""
+        return self._home, self._namespace
+
+    async def _fork(self, deadline: float) -> dict[str, Any]:
+        request, self._adopt = self._adopt, None
+        if request is not None and self._pid is not None:
+            return request
+        raise KernelStartFailed(
+            "a fork of a sandboxed kernel cannot restart: its state is gone and a fresh kernel"
+            " would be outside the sandbox; start a new sandboxed executor instead"
+        )
+
+
+def first_to_go(pid: int) -> None:
+    """When memory runs out where a fork and its session share a limit (a cgroup's, the
+    machine's), the OOM killer takes the fork (or a snapshot), not the session: its pages are
+    mostly the session's, shared, and the copies its writes make are what ran out."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def oom_kills(pid: int) -> tuple[Path, int] | None:
+    """The file counting OOM kills in ``pid``'s memory cgroup (v1 ``memory.oom_control``, v2
+    ``memory.events``) and its count now; None where there is none to read."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            where = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
+        elif controllers == "":
+            where = Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
+        else:
+            continue
+        if where.exists():
+            return where, _count_oom(where)
+    return None
+
+
+def _count_oom(where: Path) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in where.read_text(encoding="ascii").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    return 0
+
+
+def fork_backend(backend: Any) -> ForkedKernel:
+    """The back end of a fork of ``backend``'s running kernel."""
+    if isinstance(backend, (SandboxedKernel, SandboxForkedKernel)):
+        home, namespace = backend.fork_home()
+        return SandboxForkedKernel(home=home, namespace=namespace, sandbox=backend.sandbox)
+    return ForkedKernel(origin_kind=backend.kind, python=getattr(backend, "python", None))

@@ -20,10 +20,17 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from .._errors import KernelStartFailed
 from .._types import NetworkEvent
 from ._containment import Jail
 from ._egress import Egress, sandbox_argv, sandbox_environment
-from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox
+from ._sandbox import (
+    SandboxOptions,
+    bwrap_argv,
+    check_sandbox,
+    give_to_sandbox,
+    host_is_root,
+)
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
 from .local_kernel import LocalKernel
@@ -182,6 +189,26 @@ class SandboxedKernel(LocalKernel):
     async def take_network_log(self) -> list[NetworkEvent]:
         return await self._egress.take()
 
+    #: its sandbox ends with it: a restore keeps it (``_kernel``), for the forks living there
+    holds_forks = True
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who owns the files copied into its work dir by a restore."""
+        return sandbox_owner(self.sandbox)
+
+    def fork_home(self) -> tuple[str, str]:
+        """Where a fork of this kernel lives (``forked_kernel.SandboxForkedKernel``): the
+        sandbox's runtime dir, bound in writable and the host's (0711: the code cannot rename or
+        replace what the host makes in it), and the sandbox's pid namespace (the fork is a
+        process of the sandbox: its host pid is found there). ``KernelStartFailed`` when the
+        sandbox is not running."""
+        launched = self._launched_pid()
+        namespace = None if launched is None else _pid_namespace_below(launched)
+        if self._ipc_dir is None or namespace is None:
+            raise KernelStartFailed("the sandboxed kernel is not running: nothing to fork")
+        return self._ipc_dir, namespace
+
     async def shutdown(self) -> None:
         try:
             await super().shutdown()
@@ -207,6 +234,43 @@ def _kernelspec_python(kernel_name: str) -> str:
     if not argv or argv[0] in {"python", "python3"}:
         return sys.executable
     return str(argv[0])
+
+
+def sandbox_owner(options: SandboxOptions) -> tuple[int, int] | None:
+    """The host user the sandbox's files belong to (None: the host's own user)."""
+    return (options.host_uid, options.host_gid) if host_is_root() else None
+
+
+def _pid_namespace_below(bwrap: int) -> str | None:
+    """The pid namespace bwrap made (its first child is that namespace's pid 1)."""
+    try:
+        for task in os.listdir(f"/proc/{bwrap}/task"):
+            with open(f"/proc/{bwrap}/task/{task}/children", encoding="ascii") as f:
+                for child in f.read().split():
+                    return os.readlink(f"/proc/{child}/ns/pid")
+    except OSError:
+        return None
+    return None
+
+
+def host_pid(namespace: str, pid: int) -> int | None:
+    """The host's pid of the process that is ``pid`` inside the pid namespace ``namespace``
+    (None when no such process runs): only a process of that namespace is ever named."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{name}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("NSpid:"):
+                        if int(line.split()[-1]) == pid:
+                            return int(name)
+                        break
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _launcher_env() -> dict[str, str]:

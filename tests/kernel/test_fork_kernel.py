@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_fork import gone_within, spare_of
+from kx_fork import gone_within, marked, spare_of
 
 from kernelexec import (
     AsyncKernelPool,
@@ -250,7 +250,7 @@ def test_a_missing_warm_up_module_is_named_and_leaves_no_server(tmp_path: Path) 
     ):
         pass
     assert not any("no_such_module_kx" in " ".join(k[1]) for k in fork_kernel._servers)
-    assert not _server_processes("no_such_module_kx")
+    assert not marked("no_such_module_kx", also="_fork_server.py")
 
 
 def test_a_warm_up_module_that_starts_a_thread_is_refused(
@@ -266,7 +266,7 @@ def test_a_warm_up_module_that_starts_a_thread_is_refused(
         make_executor("fork-kernel", work_dir=tmp_path / "w", warm_up=["kx_threader"]),
     ):
         pass
-    assert not _server_processes("kx_threader")
+    assert not marked("kx_threader", also="_fork_server.py")
 
 
 def test_a_warm_up_module_that_prints_as_it_is_imported_does_not_garble_the_server(
@@ -374,20 +374,6 @@ def test_nothing_survives_the_host(tmp_path: Path) -> None:
     assert leftovers == []
 
 
-def _server_processes(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            if b"_fork_server.py" in cmdline and marker.encode() in cmdline:
-                found.append(int(entry))
-    return found
-
-
 @pytest.mark.parametrize("how", ["setsid", "double-fork"])
 def test_a_detached_child_does_not_outlive_close(tmp_path: Path, how: str) -> None:
     """Where the host has cgroups, a forked kernel lives in one: a child that left the
@@ -406,25 +392,12 @@ def test_a_detached_child_does_not_outlive_close(tmp_path: Path, how: str) -> No
     }[how]
     ex = make_executor("fork-kernel", work_dir=tmp_path, timeout=30)
     assert ex.execute(f"import subprocess\n{spawn}").exit_code == 0
-    assert _marked(marker), "the child never started"
+    assert marked(marker), "the child never started"
     ex.close()
     deadline = time.monotonic() + 10
-    while _marked(marker) and time.monotonic() < deadline:
+    while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _marked(marker), f"{how} child outlived close()"
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    assert not marked(marker), f"{how} child outlived close()"
 
 
 def test_the_bench_reads_an_idle_forked_kernels_own_memory_before_close(tmp_path: Path) -> None:
@@ -568,13 +541,13 @@ def test_a_process_a_startup_file_starts_is_inside_the_kernels_cgroup(
     ex = make_executor("fork-kernel", work_dir=tmp_path, timeout=30, warm_up=warm_up)
     try:
         assert ex.execute("1").ok
-        assert _marked(marker), "the startup file did not run"
+        assert marked(marker), "the startup file did not run"
         pid = ex.backend.pid
         jail = ex.backend._jail  # type: ignore[attr-defined]
         assert pid is not None and jail is not None
         members = jail.pids()
         threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        assert len(threads) > 3 and pid in members and set(_marked(marker)) <= members
+        assert len(threads) > 3 and pid in members and set(marked(marker)) <= members
         assert (tmp_path / "seen").read_text() == Path(f"/proc/{pid}/cgroup").read_text()
         for tid in threads:
             assert (
@@ -589,9 +562,9 @@ def test_a_process_a_startup_file_starts_is_inside_the_kernels_cgroup(
         if server is not None:
             server.stop()
     deadline = time.monotonic() + 10
-    while _marked(marker) and time.monotonic() < deadline:
+    while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _marked(marker), "a process started by a startup file outlived close()"
+    assert not marked(marker), "a process started by a startup file outlived close()"
 
 
 def test_the_next_kernel_is_the_spare_forked_while_the_server_was_idle(tmp_path: Path) -> None:

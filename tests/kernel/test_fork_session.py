@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_containment import gone_within, our_cgroups, running
+from kx_containment import our_cgroups
+from kx_fork import cgroup_of, gone_within, kernel_pid, running
 
 from kernelexec import (
     ForkKernel,
@@ -50,10 +51,6 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
         yield executor
 
 
-def _pid(executor: KernelExecutor) -> int:
-    return int(executor.execute("import os; os.getpid()").output)
-
-
 def _our_fork_folders() -> set[Path]:
     """The fork folders this test process made (other xdist workers make theirs meanwhile)."""
     from kernelexec.backends._owner import OWNER_FILE, Owner
@@ -67,10 +64,6 @@ def _our_fork_folders() -> set[Path]:
         if owner is not None and owner.pid == os.getpid():
             found.add(folder)
     return found
-
-
-def _cgroup(pid: int) -> str:
-    return Path(f"/proc/{pid}/cgroup").read_text()
 
 
 def test_a_fork_holds_the_state_and_the_two_diverge(ex: KernelExecutor) -> None:
@@ -124,15 +117,15 @@ def test_the_parent_is_undisturbed(ex: KernelExecutor) -> None:
 
 
 def test_each_fork_is_its_own_process_group_and_cgroup(ex: KernelExecutor) -> None:
-    parent = _pid(ex)
+    parent = kernel_pid(ex)
     forks = ex.fork(n=3)
     try:
         assert len(forks) == 3
-        pids = [_pid(c) for c in forks]
+        pids = [kernel_pid(c) for c in forks]
         assert len({parent, *pids}) == 4
         for pid in pids:
             assert os.getpgid(pid) == pid  # it leads its own group: killed with it
-            assert _cgroup(pid) != _cgroup(parent)
+            assert cgroup_of(pid) != cgroup_of(parent)
         values = [c.execute("print(x)").output for c in forks]
         assert values == ["41\n"] * 3
     finally:
@@ -207,7 +200,7 @@ def test_nothing_is_left_running_after_close(tmp_path: Path) -> None:
     parent.execute("x = 1")
     child = parent.fork()
     snap = parent.snapshot()
-    pids = [_pid(parent), _pid(child), snap.aio._holder.backend.pid]
+    pids = [kernel_pid(parent), kernel_pid(child), snap.aio._holder.backend.pid]
     escaped = child.execute(
         "import subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
@@ -275,7 +268,7 @@ def test_a_fork_restores_its_parents_snapshot(ex: KernelExecutor) -> None:
 
 def test_back_ends_that_cannot_fork_say_so(tmp_path: Path) -> None:
     """Refused before any kernel or container starts."""
-    for name in ("sandboxed-kernel", "docker-kernel"):
+    for name in ("docker-kernel",):
         executor = make_executor(name, work_dir=tmp_path, timeout=60)
         try:
             with pytest.raises(ForkUnsupported, match="forks the kernel process"):
@@ -421,3 +414,45 @@ def test_checkpoint_needs_a_back_end_that_forks() -> None:
         KernelExecutor(checkpoint="always")
     with pytest.raises(ForkUnsupported):
         make_executor("docker-kernel", checkpoint="block")
+
+
+def test_a_fork_that_runs_out_of_memory_costs_only_itself(tmp_path: Path) -> None:
+    """A real memory limit (a cgroup v1 memory controller) over the session: its fork shares
+    it, and the copies the fork's writes make exceed it. The OOM killer takes the fork (its
+    oom_score_adj says it goes first), the session carries on, nothing is left behind."""
+    memory = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (memory / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory controller (this project's CI has both)")
+    group = memory / f"kx-test-fork-oom-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        with make_executor("fork-kernel", work_dir=tmp_path, timeout=60) as ex:
+            # 160 MiB written before the limit: charged outside it (charges do not move)
+            assert ex.execute("import numpy as np\na = np.ones(20 * 2**20)").exit_code == 0
+            parent = ex.backend.pid
+            assert parent is not None
+            (group / "cgroup.procs").write_text(str(parent))
+            (group / "memory.limit_in_bytes").write_text(str(64 * 2**20))
+            child = ex.fork()  # the fork itself copies no page: it fits
+            try:
+                pid = child.backend.pid
+                assert pid is not None
+                assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+                r = child.execute("a += 1\nprint('never')")  # copies 160 MiB: over the limit
+                assert r.kernel_died and "never" not in r.output
+                assert "for want of memory" in r.output  # the result says why
+                assert gone_within(pid)
+                # the session kept its state
+                assert ex.execute("print(a[:2].sum())").output.strip() == "2.0"
+            finally:
+                child.close()
+        assert gone_within(parent)
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                group.rmdir()  # empty: nothing was left in it
+                break
+            except OSError:
+                time.sleep(0.05)
+    assert not group.exists()
