@@ -257,6 +257,10 @@ class _Capture:
             return
         (self.out if name == "stdout" else self.err).write(text)
         self._merge(name, text)
+        if name == "stdout" and self.charts is not None:  # a figure's line: its chart, live
+            for output in self.charts.emitted(text):
+                self._executor._emit(output)
+            return
         self._executor._emit({"output_type": "stream", "name": name, "text": text})
 
     def _merge(self, name: str, text: str) -> None:
@@ -382,7 +386,9 @@ class _Charts:
             re.MULTILINE,
         )
         self.outputs: list[NbOutput] = []
+        self._found: dict[str, NbOutput] = {}  # figure number -> its chart's output (read once)
         self._bytes = 0
+        self._newline_due = False  # a chart was shown for a line whose newline has not come
 
     @classmethod
     def of(cls, executor: AsyncCommandLineExecutor, block: PreparedBlock) -> _Charts | None:
@@ -392,23 +398,51 @@ class _Charts:
         return cls(executor._door, f"{outputs_dir}/cell{block.index}-")
 
     def said(self, text: str) -> str:
-        if "[image/png saved to " not in text:
+        """Finished lines for ``output``: a figure's line with a chart said as the chart."""
+        if _FIGURE_LINE not in text:
             return text
         return self._line.sub(self._chart_line, text)
 
     def _chart_line(self, match: re.Match[str]) -> str:
-        doc = self._read(match[2])
-        if doc is None:
+        output = self._chart(match[2], match[1])
+        if output is None:
             return match[0]
+        return f"[{output['data']['text/plain']}; saved to {match[1]}]"
+
+    def emitted(self, text: str) -> list[NbOutput]:
+        """A stdout chunk as the outputs shown live: a figure's line (whole in the chunk) that
+        has a chart becomes its display, as a kernel's figure is; the rest stays stream text."""
+        outputs: list[NbOutput] = []
+        start = int(self._newline_due and text.startswith("\n"))  # the line's end, split off
+        self._newline_due = False
+        for match in self._line.finditer(text) if _FIGURE_LINE in text else ():
+            output = self._chart(match[2], match[1])
+            if output is None:
+                continue
+            if match.start() > start:
+                outputs.append(_stream(text[start : match.start()]))
+            outputs.append(output)
+            start = match.end() + (text[match.end() : match.end() + 1] == "\n")
+            self._newline_due = match.end() == len(text)
+        if start < len(text):
+            outputs.append(_stream(text[start:]))
+        return outputs
+
+    def _chart(self, number: str, figure: str) -> NbOutput | None:
+        if number in self._found:
+            return self._found[number]
+        doc = self._read(number)
+        if doc is None:
+            return None
         line = chart_summary(doc)
-        self.outputs.append(
-            {
-                "output_type": "display_data",
-                "data": {CHART_MIME: doc, "text/plain": line},
-                "metadata": {"kernelexec": {"file": match[1]}},
-            }
-        )
-        return f"[{line}; saved to {match[1]}]"
+        output: NbOutput = {
+            "output_type": "display_data",
+            "data": {CHART_MIME: doc, "text/plain": line},
+            "metadata": {"kernelexec": {"file": figure}},
+        }
+        self.outputs.append(output)
+        self._found[number] = output
+        return output
 
     def _read(self, number: str) -> dict[str, Any] | None:
         path = f"{self._prefix}{number}.chart.json"
@@ -427,6 +461,13 @@ class _Charts:
         except (ValueError, RecursionError):
             return None
         return doc if isinstance(doc, dict) else None
+
+
+_FIGURE_LINE = "[image/png saved to "
+
+
+def _stream(text: str) -> NbOutput:
+    return {"output_type": "stream", "name": "stdout", "text": text}
 
 
 _SIGNALS = {s.value for s in signal.Signals}

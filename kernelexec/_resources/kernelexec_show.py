@@ -94,7 +94,9 @@ def show(*args: Any, **kwargs: Any) -> None:
         figure.savefig(path)
         # before the line: the host reads it when the line comes
         _write_chart(figure, f"{prefix}{_saved}.chart.json")
-        print(f"[image/png saved to {path}]", flush=True)
+        # one write (print writes the newline apart): the host sees the line whole
+        sys.stdout.write(f"[image/png saved to {path}]\n")
+        sys.stdout.flush()
     Gcf.destroy_all()
 
 

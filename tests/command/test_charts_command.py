@@ -52,6 +52,12 @@ def executor(
         yield ex
 
 
+@pytest.fixture(scope="module")
+def command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CommandLineExecutor]:
+    with CommandLineExecutor(work_dir=tmp_path_factory.mktemp("command"), timeout=60) as ex:
+        yield ex
+
+
 def _charts(result: Any) -> list[dict[str, Any]]:
     return [o for o in result.outputs if o["output_type"] == "display_data"]
 
@@ -80,8 +86,10 @@ def test_a_figure_gives_its_chart_document_and_line(executor: Any) -> None:
     assert {p.name for p in r.files} == {f"cell{n}-1.png", f"cell{n}-2.png"}
 
 
-def test_a_million_points_are_bounded_and_an_unknown_type_said(executor: Any) -> None:
-    r = executor.execute(
+def test_a_million_points_are_bounded_and_an_unknown_type_said(
+    command: CommandLineExecutor,
+) -> None:
+    r = command.execute(
         "import matplotlib.pyplot as plt\n"
         "plt.plot(range(1_000_000)); plt.show()\n"
         "plt.fill_between([0, 1, 2], [0, 1, 0]); plt.show()\n"
@@ -92,12 +100,6 @@ def test_a_million_points_are_bounded_and_an_unknown_type_said(executor: Any) ->
     assert "(1000000 points), y 0-1M;" in r.output
     assert unknown["type"] == "unknown"
     assert "chart: unknown: chart type not recognised (found " in (r.output)
-
-
-@pytest.fixture(scope="module")
-def command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CommandLineExecutor]:
-    with CommandLineExecutor(work_dir=tmp_path_factory.mktemp("command"), timeout=60) as ex:
-        yield ex
 
 
 def test_charts_false_gives_the_plain_line_and_writes_no_document(tmp_path: Path) -> None:
@@ -158,3 +160,24 @@ def test_documents_per_block_are_bounded(command: CommandLineExecutor) -> None:
     assert r.output.count("[chart: no axes; saved to") == 64
     assert r.output.count("[image/png saved to") == 36
     assert list((Path(command.work_dir) / "outputs").iterdir()) == []
+
+
+def test_the_chart_is_shown_live_in_its_place(tmp_path: Path) -> None:
+    shown: list[dict[str, Any]] = []
+    with CommandLineExecutor(work_dir=tmp_path, on_output=shown.append) as ex:
+        r = ex.execute(
+            "import matplotlib.pyplot as plt\n"
+            "print('before', flush=True); plt.plot([1, 2]); plt.show(); print('after')"
+        )
+    assert r.ok, r.output
+    kinds: list[tuple[str, str]] = []
+    for o in shown:  # stream text as one piece between displays (it comes in any chunks)
+        if o["output_type"] == "stream" and kinds and kinds[-1][0] == "stream":
+            kinds[-1] = ("stream", kinds[-1][1] + o["text"])
+        else:
+            kinds.append((o["output_type"], o.get("text") or o["data"]["text/plain"]))
+    assert kinds == [
+        ("stream", "before\n"),
+        ("display_data", "chart: line: x (2 points), y 1-2"),
+        ("stream", "after\n"),
+    ]
