@@ -126,6 +126,8 @@ forge(3, '[' * 100_000 + ']' * 100_000)          # nested past the parser's dept
 os.symlink('/etc/passwd', f'{prefix}4.chart.json')  # a link: never followed
 print(f'[image/png saved to {prefix}4.png]')
 forge(5, None)                                   # no document at all
+os.mkfifo(f'{prefix}7.chart.json')               # a FIFO: never opened (no hang)
+print(f'[image/png saved to {prefix}7.png]')
 forge(6, json.dumps({'axes': [{'type': 'line', 'title': 'a\\x1b[2J\\nb' + 'z' * 500,
                                'series': [{'count': 'many', 'y_range': [0, 'x']}]}]}))
 """
@@ -137,10 +139,10 @@ def test_forged_documents_are_refused_or_bounded_and_the_block_is_not_failed(
     r = command.execute(FORGED)
     assert r.ok, r.output
     lines = r.output.splitlines()
-    assert all(line.startswith("[image/png saved to ") for line in lines[:5]), lines
-    (doc,) = _charts(r)  # the sixth: a dict, read with every field type-checked
-    assert lines[5].startswith('[chart: line "a ') and "\x1b" not in lines[5]
-    assert len(lines[5]) < 200 and lines[5].endswith(".png]")
+    assert all(line.startswith("[image/png saved to ") for line in lines[:6]), lines
+    (doc,) = _charts(r)  # the one of figure 6: a dict, read with every field type-checked
+    assert lines[6].startswith('[chart: line "a ') and "\x1b" not in lines[6]
+    assert len(lines[6]) < 200 and lines[6].endswith("-6.png]")
     assert doc["metadata"]["kernelexec"]["file"].endswith("-6.png")
     assert Path("/etc/passwd").exists()  # the link was unlinked, not its target
     assert list((Path(command.work_dir) / "outputs").iterdir()) == []  # every one removed
