@@ -236,13 +236,13 @@ def test_gc_without_a_docker_engine_sweeps_locally_and_succeeds(tmp_path: Path) 
 PLOT = "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 5]); plt.title('T'); plt.show()\n"
 
 
-@pytest.mark.parametrize("executor", ["command", "kernel"])
-def test_no_charts_says_the_figure_as_its_image_alone(tmp_path: Path, executor: str) -> None:
+def test_no_charts_says_the_figure_as_its_image_alone(tmp_path: Path) -> None:
+    # the flag is the executor's charts=False, whichever executor (the kernels': test_charts.py)
     code = tmp_path / "plot.py"
     code.write_text(PLOT)
     said = {}
     for flags in ([], ["--no-charts"]):
-        proc = kx("run", str(code), "--executor", executor, "--work-dir", str(tmp_path), *flags)
+        proc = run(str(code), "--work-dir", str(tmp_path), *flags)
         assert proc.returncode == 0, proc.stderr
         said[bool(flags)] = proc.stdout
     assert '[chart: bar "T": x 2 categories (a, b), y 3-5]' in said[False]  # as shown live
