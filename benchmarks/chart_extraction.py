@@ -5,6 +5,8 @@
 Two local kernels, one with ``charts=True`` (the default) and one with ``charts=False``; each
 workload's blocks are interleaved between them so that load from elsewhere hits both alike.
 Prints one Markdown row per workload (p50 of each, the difference) and the kernel start of each.
+Then the stateless executors' rows (``command``, ``warm-command``): a whole block (imports, plot,
+PNG, exit) with and without the figure's chart document, made in the block's process.
 Only the public API is used.
 """
 
@@ -15,8 +17,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from kernelexec import KernelExecutor
+from kernelexec import KernelExecutor, make_executor
 
 SETUP = "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
 WORKLOADS = {
@@ -34,6 +37,36 @@ WORKLOADS = {
 }
 
 
+# the stateless rows: each block imports what it uses (nothing survives a block)
+STATELESS = {
+    "line plot, 1,000 points": WORKLOADS["line plot, 1,000 points"],
+    "2x2 subplots (line, bar, hist, scatter)": WORKLOADS["2x2 subplots (line, bar, hist, scatter)"],
+}
+
+
+def stateless_rows(work: Path, rounds: int) -> None:
+    for kind in ("command", "warm-command"):
+        on = make_executor(kind, work_dir=work / f"{kind}-on", timeout=120)
+        off = make_executor(kind, work_dir=work / f"{kind}-off", timeout=120, charts=False)
+        try:
+            for name, code in STATELESS.items():
+                block = SETUP + code
+                timed(on, block), timed(off, block)  # warm: the spawner, the pyc files
+                with_, without = [], []
+                for _ in range(rounds):
+                    with_.append(timed(on, block))
+                    without.append(timed(off, block))
+                row(f"{kind}: {name}", with_, without)
+        finally:
+            on.close()
+            off.close()
+
+
+def row(name: str, with_: list[float], without: list[float]) -> None:
+    a, b = statistics.median(with_) * 1e3, statistics.median(without) * 1e3
+    print(f"| {name} | {a:.1f} | {b:.1f} | {a - b:+.1f} ms ({(a / b - 1) * 100:+.0f} %) |")
+
+
 def start(work: Path, charts: bool) -> tuple[KernelExecutor, float]:
     t = time.perf_counter()
     ex = KernelExecutor(work_dir=work, timeout=120, charts=charts)
@@ -42,7 +75,7 @@ def start(work: Path, charts: bool) -> tuple[KernelExecutor, float]:
     return ex, time.perf_counter() - t
 
 
-def timed(ex: KernelExecutor, code: str) -> float:
+def timed(ex: Any, code: str) -> float:
     t = time.perf_counter()
     result = ex.execute(code)
     assert result.ok, result.output
@@ -68,10 +101,7 @@ def main() -> None:
                 for _ in range(rounds):
                     with_.append(timed(on, code))
                     without.append(timed(off, code))
-                a, b = statistics.median(with_) * 1e3, statistics.median(without) * 1e3
-                print(
-                    f"| {name} | {a:.1f} | {b:.1f} | {a - b:+.1f} ms ({(a / b - 1) * 100:+.0f} %) |"
-                )
+                row(name, with_, without)
             print(
                 f"| kernel start to first result | {on_start * 1e3:.0f} | {off_start * 1e3:.0f} "
                 f"| {(on_start - off_start) * 1e3:+.0f} ms (one sample) |"
@@ -79,6 +109,7 @@ def main() -> None:
         finally:
             on.close()
             off.close()
+        stateless_rows(Path(tmp), max(3, args.rounds // 2))
 
 
 if __name__ == "__main__":

@@ -363,7 +363,7 @@ def _fmt(number: float) -> str:
     """A number for a model to read: 1.2k, 3.4M, 0.25, 12."""
     size = abs(number)
     for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if size >= limit:
+        if size >= limit * 0.9995:  # 999,999 is "1M": 3 digits of "k" would round to "1e+03k"
             return f"{number / limit:.3g}{suffix}"
     return f"{number:.3g}"
 

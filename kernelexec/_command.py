@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import re
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._budget import StreamDecoder, TextBudget, omitted_marker
+from ._charts import CHART_MIME, chart_summary
 from ._door import Door
 from ._errors import InvalidBlock, KernelExecError
 from ._executor import AsyncExecutor, PreparedBlock, SyncExecutor, error_result, make_work_dir
@@ -43,6 +46,8 @@ CODE_DIR = f"{INTERNAL_DIR}/code"
 # A stateless block has no inline backend: this matplotlib backend (a file of its own, run by
 # the block's interpreter, which may not have kernelexec) makes plt.show() save each figure.
 _FIGURE_BACKEND = Path(__file__).with_name("_resources") / "kernelexec_show.py"
+# ... and with charts on, it makes each figure's chart document with the kernels' extractor
+_CHART_EXTRACTOR = _FIGURE_BACKEND.with_name("kernelexec_charts.py")
 _FIGURE_DIR = f"{INTERNAL_DIR}/mpl"  # relative: the block runs in the work dir, here or in Docker
 
 
@@ -55,9 +60,10 @@ def _figure_env(host: Mapping[str, str], outputs_dir: str | None) -> dict[str, s
 
 def _install_figure_backend(door: Door) -> None:
     """Put the backend in the work dir (a block may have deleted it, or the whole folder)."""
-    target = f"{_FIGURE_DIR}/{_FIGURE_BACKEND.name}"
-    if not door.is_file(target):
-        door.write_bytes(target, _FIGURE_BACKEND.read_bytes())
+    for source in (_FIGURE_BACKEND, _CHART_EXTRACTOR):
+        target = f"{_FIGURE_DIR}/{source.name}"
+        if not door.is_file(target):
+            door.write_bytes(target, source.read_bytes())
 
 
 class AsyncCommandLineExecutor(AsyncExecutor):
@@ -140,7 +146,7 @@ class AsyncCommandLineExecutor(AsyncExecutor):
         argv = self.backend.argv_for(block.language, rel)
         if argv is None:  # supported_languages said yes, the back end says no
             raise InvalidBlock(f"unsupported language: {block.language}")
-        capture = _Capture(self, block.index)
+        capture = _Capture(self, block)
         try:
             outcome = await self._run_until_closed(
                 functools.partial(
@@ -189,7 +195,10 @@ class AsyncCommandLineExecutor(AsyncExecutor):
             return self._env  # its folder is a link the code planted: plots are not saved
         # plt.show() in this block saves figures as the stateful executor names them
         prefix = f"{self.options.outputs_dir}/cell{block.index}-"
-        return {**self._env, "KERNELEXEC_FIGURE_PREFIX": prefix}
+        env = {**self._env, "KERNELEXEC_FIGURE_PREFIX": prefix}
+        if self.options.charts:  # ... and each one's chart document beside it, for _Charts
+            env["KERNELEXEC_CHARTS"] = "1"
+        return env
 
     def _write_code(self, block: PreparedBlock) -> Path:
         if block.target is not None:
@@ -219,15 +228,17 @@ class _Capture:
     ``hierr``, in whichever order the two pipes happened to be read.
     """
 
-    def __init__(self, executor: AsyncCommandLineExecutor, index: int) -> None:
+    def __init__(self, executor: AsyncCommandLineExecutor, block: PreparedBlock) -> None:
         limit = executor.options.output_limit
-        spill = executor._internal_path("output", f"block-{index}.txt")
+        spill = executor._internal_path("output", f"block-{block.index}.txt")
         self._executor = executor
         # as written, spilled in full (through the work dir's door: the code may plant links)
         self.combined = TextBudget(limit, spill_path=spill, spill_open=executor._door.create_text)
         # ``output`` shows what a terminal would: ``\r`` and ``\b`` resolved, as kernels do
         self.view = TextBudget(limit)
-        self._terminal = TerminalText(self.view.write, max_line=limit)
+        self.charts = _Charts.of(executor, block)
+        sink = self.view.write if self.charts is None else self._view_lines
+        self._terminal = TerminalText(sink, max_line=limit)
         self.out = TextBudget(limit)
         self.err = TextBudget(limit)
         self._decoders = {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
@@ -246,6 +257,10 @@ class _Capture:
             return
         (self.out if name == "stdout" else self.err).write(text)
         self._merge(name, text)
+        if name == "stdout" and self.charts is not None:  # a figure's line: its chart, live
+            for output in self.charts.emitted(text):
+                self._executor._emit(output)
+            return
         self._executor._emit({"output_type": "stream", "name": name, "text": text})
 
     def _merge(self, name: str, text: str) -> None:
@@ -264,6 +279,11 @@ class _Capture:
         self._held_len[name] = 0
         for text in self._held.pop(name, ()):
             self._put(text)
+
+    def _view_lines(self, text: str) -> None:
+        """Finished terminal lines into the view, each figure's line said as its chart's."""
+        assert self.charts is not None
+        self.view.write(self.charts.said(text))
 
     def _put(self, text: str) -> None:
         """Merged text, whole lines of one stream at a time: as written and as a terminal."""
@@ -319,6 +339,7 @@ class _Capture:
         for name, text in (("stdout", stdout), ("stderr", stderr)):
             if text:
                 outputs.append({"output_type": "stream", "name": name, "text": text})
+        outputs.extend(self.charts.outputs if self.charts is not None else ())
         if error is not None:
             outputs.append(
                 {
@@ -341,6 +362,112 @@ class _Capture:
             language=block.language,
             full_output_file=self.combined.spilled_to,
         )
+
+
+# A chart document the block wrote is read (as untrusted JSON) only within these bounds: an
+# honest one is at most a few hundred KB (kernelexec_charts.py samples every series).
+_CHART_BYTES = 1 << 20
+_CHARTS_PER_BLOCK = 64
+_CHART_BYTES_PER_BLOCK = 8 << 20
+
+
+class _Charts:
+    """The chart documents of a block's figures (the figure backend writes one per figure,
+    then prints the figure's line; kernelexec_show.py). Seen in the line, a document is read
+    as enemy data: a regular file within the bounds above, JSON, a dict; the line is then said
+    as the kernels say it (``[chart: ...; saved to ...]``). Anything else keeps the line as
+    printed."""
+
+    def __init__(self, door: Door, figure_prefix: str) -> None:
+        self._door = door
+        self._prefix = figure_prefix
+        self._line = re.compile(
+            rf"^\[image/png saved to ({re.escape(figure_prefix)}([1-9][0-9]{{0,8}})\.png)\]$",
+            re.MULTILINE,
+        )
+        self.outputs: list[NbOutput] = []
+        self._found: dict[str, NbOutput] = {}  # figure number -> its chart's output (read once)
+        self._bytes = 0
+        self._newline_due = False  # a chart was shown for a line whose newline has not come
+
+    @classmethod
+    def of(cls, executor: AsyncCommandLineExecutor, block: PreparedBlock) -> _Charts | None:
+        outputs_dir = executor.options.outputs_dir
+        if not executor.options.charts or outputs_dir is None or block.language != "python":
+            return None
+        return cls(executor._door, f"{outputs_dir}/cell{block.index}-")
+
+    def said(self, text: str) -> str:
+        """Finished lines for ``output``: a figure's line with a chart said as the chart."""
+        if _FIGURE_LINE not in text:
+            return text
+        return self._line.sub(self._chart_line, text)
+
+    def _chart_line(self, match: re.Match[str]) -> str:
+        output = self._chart(match[2], match[1])
+        if output is None:
+            return match[0]
+        return f"[{output['data']['text/plain']}; saved to {match[1]}]"
+
+    def emitted(self, text: str) -> list[NbOutput]:
+        """A stdout chunk as the outputs shown live: a figure's line (whole in the chunk) that
+        has a chart becomes its display, as a kernel's figure is; the rest stays stream text."""
+        outputs: list[NbOutput] = []
+        start = int(self._newline_due and text.startswith("\n"))  # the line's end, split off
+        self._newline_due = False
+        for match in self._line.finditer(text) if _FIGURE_LINE in text else ():
+            output = self._chart(match[2], match[1])
+            if output is None:
+                continue
+            if match.start() > start:
+                outputs.append(_stream(text[start : match.start()]))
+            outputs.append(output)
+            start = match.end() + (text[match.end() : match.end() + 1] == "\n")
+            self._newline_due = match.end() == len(text)
+        if start < len(text):
+            outputs.append(_stream(text[start:]))
+        return outputs
+
+    def _chart(self, number: str, figure: str) -> NbOutput | None:
+        if number in self._found:
+            return self._found[number]
+        doc = self._read(number)
+        if doc is None:
+            return None
+        line = chart_summary(doc)
+        output: NbOutput = {
+            "output_type": "display_data",
+            "data": {CHART_MIME: doc, "text/plain": line},
+            "metadata": {"kernelexec": {"file": figure}},
+        }
+        self.outputs.append(output)
+        self._found[number] = output
+        return output
+
+    def _read(self, number: str) -> dict[str, Any] | None:
+        path = f"{self._prefix}{number}.chart.json"
+        try:
+            if len(self.outputs) >= _CHARTS_PER_BLOCK or self._bytes >= _CHART_BYTES_PER_BLOCK:
+                return None
+            raw = self._door.read_bytes(path, limit=_CHART_BYTES)
+        except (OSError, KernelExecError):  # none (charts failed), a link, too large
+            return None
+        finally:  # read or not, it goes: the figure's file is what stays
+            with contextlib.suppress(OSError, KernelExecError):
+                self._door.unlink(path)
+        self._bytes += len(raw)
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+_FIGURE_LINE = "[image/png saved to "
+
+
+def _stream(text: str) -> NbOutput:
+    return {"output_type": "stream", "name": "stdout", "text": text}
 
 
 _SIGNALS = {s.value for s in signal.Signals}

@@ -1864,11 +1864,16 @@ class _LanguageKernel(AsyncKernelExecutor):
         code = setup_code(self.chdir_language)
         if code is not None:
             await self._run_quietly(code)
+        # A kernel a gateway started works where the gateway runs it: into the session's folder
+        await self._chdir()
 
     async def _ensure_workspace(self) -> None:
         if self.work_dir.is_dir():
             return
         make_work_dir(self.work_dir)
+        await self._chdir()
+
+    async def _chdir(self) -> None:
         code = chdir_code(self.chdir_language, self.backend.workspace or str(self.work_dir))
         if code is not None:
             await self._run_quietly(code)
@@ -1884,7 +1889,8 @@ def _cannot_start(block: PreparedBlock, kernel: str, why: str) -> ExecutionResul
     missing = f"no kernelspec named {kernel!r}" in why
     what = f"Not run: the {block.language} kernel ({kernel!r}) "
     if missing:
-        what += f"is not installed; install {install_hint(kernel)}."
+        where = "" if why == f"no kernelspec named {kernel!r}" else f" ({why})"  # a gateway's
+        what += f"is not installed{where}; install {install_hint(kernel)}."
     else:
         what += f"did not start: {why}."
     return error_result(

@@ -61,6 +61,8 @@ def executor_flags(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     use when they cannot work together. Nothing is made here: commands check before they
     create a work dir."""
     options: dict[str, Any] = {"timeout": args.timeout}
+    if not getattr(args, "charts", True):
+        options["charts"] = False
     if getattr(args, "work_dir", None):
         options.setdefault("work_dir", args.work_dir)
     options.update(_remote(args))
@@ -421,6 +423,13 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--work-dir", help="where code runs and files land (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per block")
+    parser.add_argument(
+        "--no-charts",
+        dest="charts",
+        action="store_false",
+        help="no chart and table documents: a figure is said as its saved image alone "
+        "(docs/charts.md)",
+    )
     parser.add_argument(
         "--sandbox",
         action="store_true",

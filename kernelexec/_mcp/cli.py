@@ -39,6 +39,12 @@ def add_mcp_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     mcp.add_argument("--image", help="the Docker image of the docker executors")
     mcp.add_argument("--timeout", type=float, default=60.0, help="default seconds per block")
+    mcp.add_argument(
+        "--no-charts",
+        dest="charts",
+        action="store_false",
+        help="no chart and table documents in the sessions' results (a figure: its image alone)",
+    )
     mcp.add_argument("--max-sessions", type=int, default=8, help="most sessions at once")
     mcp.add_argument(
         "--idle-timeout",
@@ -93,6 +99,8 @@ def _hub_options(args: argparse.Namespace) -> Any:
     elif args.executor == "gateway":
         raise SystemExit("kernelexec: the gateway executor needs --remote URL")
     extra.update(_egress_options(args))
+    if not args.charts:
+        extra["charts"] = False
     return HubOptions(
         executor=args.executor,
         timeout=args.timeout,

@@ -127,6 +127,7 @@ def _figure_backend() -> None:
     sys.path.insert(0, here)
     try:
         matplotlib.use(_FIGURES, force=True)
+        sys.modules["kernelexec_show"].preload()  # the chart extractor, for the blocks to fork
     except Exception:  # an old or broken matplotlib: each block switches as it needs
         pass
     finally:
@@ -144,6 +145,10 @@ def _own_figures(env: dict[str, str]) -> None:
         with contextlib.suppress(Exception):
             if matplotlib.get_backend().lower() != backend.lower():
                 matplotlib.use(backend, force=True)
+    show = sys.modules.get("kernelexec_show")  # imported by the spawner: charts per block
+    if show is not None:
+        with contextlib.suppress(Exception):
+            show.ready()
 
 
 def _run_main(path: str) -> int:

@@ -43,7 +43,7 @@ from ._owner import mark_folder
 from ._ready import NotReady, start_channels, wait_bound, wait_ready
 from .base import KernelBackend, KernelClientLike
 from .local_command import resolve_python
-from .local_kernel import BlockTracker, log_end
+from .local_kernel import BlockTracker, LocalKernel, log_end
 
 _log = logging.getLogger("kernelexec")
 T = TypeVar("T")
@@ -353,6 +353,16 @@ class ForkKernel(KernelBackend):
         """The forked child runs it once its kernel is built, before the kernel answers."""
         self._setup = code
         return True
+
+    @property
+    def runs_other_kernels(self) -> bool:
+        return True
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        """Another language's kernel (an R block's IRkernel) cannot be forked from a Python
+        server: it starts as a local kernel beside this one, held as this one is (a cgroup of
+        its own where the host offers one, else its process group) and ended with the session."""
+        return LocalKernel(kernel_name=kernel_name, shutdown_wait=self.shutdown_wait)
 
     @property
     def client(self) -> KernelClientLike:

@@ -32,7 +32,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 
-from .._errors import GatewayAuthError, GatewayUnavailable
+from .._errors import GatewayAuthError, GatewayUnavailable, KernelStartFailed
 from ._gateway_channels import GatewayChannels
 from ._gateway_errors import NotFound, translate_errors
 from ._remote import setup_code as _setup_code
@@ -90,11 +90,31 @@ class GatewayKernel(KernelBackend):
         self._client: GatewayChannels | None = None
         self._cwd: str | None = None
         self._env: dict[str, str] = {}
+        #: another language's kernel beside a session's Python one (``other_kernel``): its
+        #: kernelspec is checked against the gateway's list, and no Python set-up code is sent
+        self._other_language = False
 
     # -- KernelBackend -------------------------------------------------------------------------
     @property
     def workspace(self) -> str | None:
         return self.working_dir
+
+    @property
+    def runs_other_kernels(self) -> bool:
+        return True
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        """A kernel of the kernelspec ``kernel_name`` on the same gateway, same folder."""
+        other = GatewayKernel(
+            self.url,
+            token=self.token,
+            kernel_name=kernel_name,
+            working_dir=self.working_dir,
+            username=self.username,
+            options=self.options,
+        )
+        other._other_language = True
+        return other
 
     @property
     def client(self) -> GatewayChannels:
@@ -111,6 +131,8 @@ class GatewayKernel(KernelBackend):
         if self.username:
             server_env["KERNEL_USERNAME"] = self.username
         body = {"name": self.kernel_name, "env": server_env}
+        if self._other_language:
+            await self._check_listed(timeout)
         model = await self._call("POST", "/api/kernels", body, retry=True, timeout=timeout)
         self.kernel_id = str(model["id"])
         try:
@@ -118,6 +140,19 @@ class GatewayKernel(KernelBackend):
         except BaseException:
             await self.shutdown()
             raise
+
+    async def _check_listed(self, timeout: float) -> None:
+        """A kernelspec the gateway does not list is a clear error naming it (a gateway
+        answers an unknown name with a 500 or a 404, or falls back to its default kernel)."""
+        listing = await self._call("GET", "/api/kernelspecs", None, retry=True, timeout=timeout)
+        specs = listing.get("kernelspecs")
+        names = sorted(str(n) for n in specs) if isinstance(specs, dict) else []
+        if self.kernel_name not in names:
+            lists = ", ".join(names[:20]) or "none"
+            raise KernelStartFailed(
+                f"no kernelspec named {self.kernel_name!r} on the gateway {self.url}, "
+                f"which lists: {lists}"
+            )
 
     async def interrupt(self) -> None:
         await self._call("POST", f"{self._kernel_path()}/interrupt", {}, retry=False)
@@ -188,7 +223,8 @@ class GatewayKernel(KernelBackend):
         try:
             await client.connect(timeout)
             await client.wait_ready(timeout)
-            await client.run_quietly(_setup_code(self._cwd, self._env), timeout)
+            if not self._other_language:  # Python; the session sends another kernel its own
+                await client.run_quietly(_setup_code(self._cwd, self._env), timeout)
         except BaseException:
             await client.close()
             raise

@@ -231,3 +231,19 @@ def test_gc_without_a_docker_engine_sweeps_locally_and_succeeds(tmp_path: Path) 
     assert gc.returncode == 0, gc.stderr
     assert "cgroup(s)" in gc.stdout
     assert "no containers checked" in gc.stderr and "no-engine.sock" in gc.stderr
+
+
+PLOT = "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 5]); plt.title('T'); plt.show()\n"
+
+
+def test_no_charts_says_the_figure_as_its_image_alone(tmp_path: Path) -> None:
+    # the flag is the executor's charts=False, whichever executor (the kernels': test_charts.py)
+    code = tmp_path / "plot.py"
+    code.write_text(PLOT)
+    said = {}
+    for flags in ([], ["--no-charts"]):
+        proc = run(str(code), "--work-dir", str(tmp_path), *flags)
+        assert proc.returncode == 0, proc.stderr
+        said[bool(flags)] = proc.stdout
+    assert '[chart: bar "T": x 2 categories (a, b), y 3-5]' in said[False]  # as shown live
+    assert "chart:" not in said[True] and "saved: outputs/cell1-1.png" in said[True]

@@ -576,7 +576,8 @@ FIGURES = (
 
 
 def test_plt_show_saves_figures_as_the_stateful_executor_names_them(tmp_path: Path) -> None:
-    with CommandLineExecutor(work_dir=tmp_path) as ex:
+    # charts=False: the bare lines (the chart lines: tests/command/test_charts_command.py)
+    with CommandLineExecutor(work_dir=tmp_path, charts=False) as ex:
         ex.execute("print('block one')")
         r = ex.execute(FIGURES)
     assert r.exit_code == 0, r.output

@@ -139,3 +139,26 @@ def test_restart_and_owned_executor(tmp_path: Path) -> None:
     assert owned.executor.closed
     with pytest.raises(ValueError, match="not both"):
         AG2CodeExecutor(CommandLineExecutor(), timeout=3)
+
+
+MIXED_R = """Python writes the number, R doubles it.
+```python
+_ = open("n.txt", "w").write("21")
+```
+```r
+n <- as.numeric(readLines("n.txt", warn = FALSE))
+cat("doubled", n * 2, "\\n")
+```
+"""
+
+
+def test_a_chat_reply_mixing_python_and_r_runs_both_in_one_session(tmp_path: Path) -> None:
+    from kx_languages import need_kernels
+
+    from kernelexec import KernelExecutor
+
+    need_kernels("r")
+    with KernelExecutor(work_dir=tmp_path, timeout=60) as executor:
+        heard = ag2_chat(AG2CodeExecutor(executor), "mixed", MIXED_R, flows.DONE)
+        assert executor.execute("cat(n)", "r").output == "21"  # R's state outlives the turn
+    assert heard[0].startswith("exitcode: 0 (execution succeeded)") and "doubled 42" in heard[0]

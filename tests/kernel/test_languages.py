@@ -236,9 +236,12 @@ def test_languages_naming_python_is_refused() -> None:
 
 
 def test_a_back_end_without_other_kernels_runs_python_and_shell_only() -> None:
-    from kernelexec.backends.fork_kernel import ForkKernel
+    from kernelexec.backends.local_kernel import LocalKernel
 
-    executor = AsyncKernelExecutor(ForkKernel())
+    class Confined(LocalKernel):  # a subclass confines its kernel: no plain sibling escapes it
+        pass
+
+    executor = AsyncKernelExecutor(Confined())
     assert executor.supported_languages == ("python", "shell")
 
 

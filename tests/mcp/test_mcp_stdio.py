@@ -398,3 +398,15 @@ def test_the_parser_lists_mcp_without_loading_the_sdk() -> None:
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == "[]"
+
+
+def test_no_charts_leaves_the_chart_documents_out() -> None:
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()"
+
+    async def scenario() -> None:
+        for flags, said in (((), "[chart: line"), (("--no-charts",), "[image/png saved to")):
+            async with stdio_client("--executor", "command", *flags) as client:
+                result = await client.call_tool("execute", {"code": plot})
+                assert text(result).startswith(said), text(result)
+
+    anyio.run(scenario)

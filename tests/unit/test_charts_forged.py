@@ -148,3 +148,12 @@ def test_plotly_and_vega_lite_payloads_of_their_own_are_said_too(tmp_path: Path)
         == '[chart: plotly "P": 1 trace (bar); saved to outputs/cell1-1.plotly.json]\n'
         + ("[application/vnd.vegalite.v5+json saved to outputs/cell1-1.vl.json]")
     )
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "said"),
+    [(0, 999_999, "0-1M"), (0, 999.6, "0-1k"), (0, 999.4, "0-999"), (-999_999, 1, "-1M to 1")],
+)
+def test_a_number_just_under_a_unit_reads_as_that_unit(low: float, high: float, said: str) -> None:
+    doc = {"axes": [{"type": "line", "series": [{"count": 2, "y_range": [low, high]}]}]}
+    assert chart_summary(doc) == f"chart: line: x (2 points), y {said}"
