@@ -5,11 +5,22 @@
 #                              where it could be installed (it resolves and downloads in
 #                              parallel and compiles no bytecode: the main environment took
 #                              181 s with pip, about 60 s with uv on this machine), else pip.
-#   kx_get_uv                  puts uv in the current virtualenv (from the package index, as
-#                              any package); when that fails, kx_install falls back to pip.
+#   kx_get_uv                  puts uv on PATH (from the package index, installed by the base
+#                              interpreter's pip, $KX_BASE_PYTHON, into a folder of its own);
+#                              when that fails, the current virtualenv gets pip (ensurepip)
+#                              and kx_install uses it.
+
+KX_UV_DIR="${TMPDIR:-/tmp}/kernelexec-ci-uv"
 
 kx_get_uv() {
-    python3 -m pip install -q uv >/dev/null 2>&1 || echo "install.sh: no uv; installing with pip"
+    rm -rf "$KX_UV_DIR"
+    if "${KX_BASE_PYTHON:-python3}" -m pip install -q --target "$KX_UV_DIR" uv >/dev/null 2>&1 &&
+        "$KX_UV_DIR/bin/uv" --version >/dev/null 2>&1; then
+        export PATH="$KX_UV_DIR/bin:$PATH"
+        return 0
+    fi
+    echo "install.sh: no uv; installing with pip"
+    python3 -m pip --version >/dev/null 2>&1 || python3 -m ensurepip -q
 }
 
 kx_install() {
