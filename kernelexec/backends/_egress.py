@@ -417,6 +417,7 @@ class EgressProxy:
             except asyncio.LimitOverrunError:
                 record.reason = "the request head is longer than 64 KiB"
                 await _reply(writer, 431, record.reason)
+                writer.transport.abort()  # no TLS goodbye: the client is still sending
                 return
             head = _rewrite(secrets, record, _close_after(head))
             up_writer.write(head)
@@ -424,7 +425,9 @@ class EgressProxy:
             redactor = secrets.redactor(host, port)
             await self._pump(record, reader, writer, up_reader, up_writer, redactor)
         finally:
-            up_writer.close()
+            # abort, not close: a TLS close waits for the server's goodbye, which a proxy
+            # stopping (or a server gone quiet) would leave pending past the loop's end
+            up_writer.transport.abort()
 
     async def _resolve(self, host: str, port: int) -> Address:
         literal = parse_address(host)
