@@ -162,3 +162,25 @@ def leaks_in(folder: Path) -> list[Path]:
                 if VALUE.encode() in path.read_bytes():
                     found.append(path)
     return found
+
+
+def check_end_to_end(executor: Any, result: Any, world: World) -> None:
+    """What every back end must show for ``client_code``: see the module's docstring."""
+    out = result.output
+    assert result.exit_code == 0, out
+    assert f"env: kx-secret-{NAME}-" in out
+    assert f"urllib https Bearer {'*' * len(VALUE)}" in out  # reached with the value, echo masked
+    assert f"urllib http Bearer kx-secret-{NAME}-" in out  # the other host: the placeholder
+    received = [s["Authorization"] for s in world.seen[-3:]]
+    assert f"Bearer {VALUE}" in received and any("kx-secret-" in r for r in received)
+    withheld = [e for e in result.network_log if e.secrets_withheld]
+    assert [(e.port, e.secrets_withheld) for e in withheld] == [(world.plain_port, (NAME,))]
+    assert any(e.secrets_sent == (NAME,) for e in result.network_log)
+    if "requests absent" not in out:
+        assert f"requests 200 Bearer {'*' * len(VALUE)}" in out
+        assert f"/headers?key={'*' * len(VALUE)}" in out
+    assert VALUE not in out and VALUE not in json.dumps(result.to_dict())
+    assert VALUE not in json.dumps(executor.notebook())
+    work_dir = Path(executor.work_dir)
+    executor.save_notebook(work_dir / "session.ipynb")
+    assert leaks_in(work_dir) == [] and (work_dir / "session.ipynb").is_file()

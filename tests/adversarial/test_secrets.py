@@ -16,11 +16,10 @@ import os
 import socket
 import ssl
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_secrets import NAME, VALUE, World, client_code, leaks_in, served
+from kx_secrets import NAME, VALUE, World, check_end_to_end, client_code, served
 
 from kernelexec import (
     BackendUnavailable,
@@ -299,23 +298,4 @@ def sandboxed(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def test_the_sandboxed_kernel_uses_a_secret_it_never_sees(sandboxed: Any, world: World) -> None:
     result = sandboxed.execute(client_code(world))
-    check_end_to_end(result, world, Path(sandboxed.work_dir))
-
-
-def check_end_to_end(result: Any, world: World, work_dir: Path) -> None:
-    """What every back end must show for ``client_code``: see the module's docstring."""
-    out = result.output
-    assert result.exit_code == 0, out
-    assert f"env: kx-secret-{NAME}-" in out
-    assert f"urllib https Bearer {'*' * len(VALUE)}" in out  # reached with the value, echo masked
-    assert f"urllib http Bearer kx-secret-{NAME}-" in out  # the other host: the placeholder
-    received = [s["Authorization"] for s in world.seen[-3:]]
-    assert f"Bearer {VALUE}" in received and any("kx-secret-" in r for r in received)
-    withheld = [e for e in result.network_log if e.secrets_withheld]
-    assert [(e.port, e.secrets_withheld) for e in withheld] == [(world.plain_port, (NAME,))]
-    assert any(e.secrets_sent == (NAME,) for e in result.network_log)
-    if "requests absent" not in out:
-        assert f"requests 200 Bearer {'*' * len(VALUE)}" in out
-        assert f"/headers?key={'*' * len(VALUE)}" in out
-    assert VALUE not in out and VALUE not in json.dumps(result.to_dict())
-    assert leaks_in(work_dir) == []
+    check_end_to_end(sandboxed, result, world)
