@@ -180,7 +180,7 @@ def check_end_to_end(executor: Any, result: Any, world: World) -> None:
         assert f"requests 200 Bearer {'*' * len(VALUE)}" in out
         assert f"/headers?key={'*' * len(VALUE)}" in out
     assert VALUE not in out and VALUE not in json.dumps(result.to_dict())
-    assert VALUE not in json.dumps(executor.notebook())
+    assert VALUE not in json.dumps(executor.notebook)
     work_dir = Path(executor.work_dir)
     executor.save_notebook(work_dir / "session.ipynb")
     assert leaks_in(work_dir) == [] and (work_dir / "session.ipynb").is_file()
