@@ -327,6 +327,34 @@ class Secret:
         )
 
 
+def secrets_from_environment(
+    specs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> dict[str, Secret]:
+    """``--secret NAME@HOST[:PORT][,HOST...]`` (the CLI's and the MCP server's): each value read
+    from the variable ``NAME`` of kernelexec's own environment, never from the command line."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Secret] = {}
+    for spec in specs:
+        name, at, hosts = spec.partition("@")
+        if not at or not name or not hosts:
+            raise InvalidSecret(
+                f"--secret {spec!r}: write NAME@HOST[:PORT][,HOST...]; the value is read from "
+                "the environment variable NAME"
+            )
+        if name not in env:
+            raise InvalidSecret(f"--secret {name}: the variable {name} is not set here")
+        found[name] = Secret(env[name], hosts=[h.strip() for h in hosts.split(",")])
+    return found
+
+
+def describe_secrets(policy: NetworkPolicy) -> str:
+    """How many secrets a policy holds and for which hosts (names and hosts, never values)."""
+    if not policy.secrets:
+        return "secrets: none"
+    parts = [f"{name} -> {', '.join(s.hosts)}" for name, s in policy.secrets.items()]
+    return f"secrets: {len(parts)} ({'; '.join(parts)})"
+
+
 def _check_secrets(policy: NetworkPolicy, secrets: object) -> Mapping[str, Secret]:
     if not isinstance(secrets, Mapping):
         raise InvalidSecret(f'secrets= takes a mapping {{"NAME": Secret(...)}}, not {secrets!r}')

@@ -299,3 +299,58 @@ def sandboxed(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def test_the_sandboxed_kernel_uses_a_secret_it_never_sees(sandboxed: Any, world: World) -> None:
     result = sandboxed.execute(client_code(world))
     check_end_to_end(sandboxed, result, world)
+
+
+# -- the command line and the MCP server: a secret by name, its value from the environment -------
+def test_the_cli_passes_a_secret_by_name(sandboxed: Any, world: World) -> None:
+    import subprocess
+    import sys
+
+    host = f"127.0.0.1:{world.plain_port}"  # plain HTTP: no CA to give the command line
+    code = (
+        "import os, urllib.request\n"
+        f"req = urllib.request.Request('http://{host}/headers',"
+        " headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+        "print('got', urllib.request.urlopen(req, timeout=30).read().decode())\n"
+    )
+    argv = ["run", "-", "--executor", "command", "--sandbox", "--allow", host]
+    argv += ["--secret", f"{NAME}@{host}", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelexec", *argv],
+        input=f"```python\n{code}```\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, NAME: VALUE},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert world.seen[-1]["Authorization"] == f"Bearer {VALUE}"
+    assert VALUE not in proc.stdout + proc.stderr and "*" * len(VALUE) in proc.stdout
+    assert '"secrets_sent": [\n' in proc.stdout or '"secrets_sent": ["' in proc.stdout
+
+
+def test_the_mcp_server_and_doctor_take_secrets_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from kernelexec import _doctor, cli
+    from kernelexec._mcp.cli import _hub_options, add_mcp_command
+
+    parser = argparse.ArgumentParser()
+    add_mcp_command(parser.add_subparsers())
+    argv = ["mcp", "--executor", "docker-kernel", "--allow", "api.example.org:443"]
+    monkeypatch.delenv(NAME, raising=False)
+    with pytest.raises(InvalidSecret, match="not set here"):
+        _hub_options(parser.parse_args([*argv, "--secret", f"{NAME}@api.example.org"]))
+    monkeypatch.setenv(NAME, VALUE)
+    with pytest.raises(InvalidSecret, match="NAME@HOST"):
+        _hub_options(parser.parse_args([*argv, "--secret", NAME]))
+    options = _hub_options(parser.parse_args([*argv, "--secret", f"{NAME}@api.example.org"]))
+    assert options.executor_options["network"].secrets[NAME].value == VALUE
+    # doctor: how many secrets, for which hosts, never a value (the probes are not run here)
+    monkeypatch.setattr(_doctor, "run_doctor", lambda targets: [])
+    code = cli.main(["doctor", "--json", *argv[3:], "--secret", f"{NAME}@api.example.org"])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["secrets"] == {NAME: ["api.example.org"]}
+    assert f"secrets: 1 ({NAME} -> api.example.org)" in err and VALUE not in out + err
