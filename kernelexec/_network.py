@@ -14,7 +14,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from types import MappingProxyType
 
 from ._errors import InvalidNetworkPolicy, InvalidSecret
 
@@ -371,7 +370,8 @@ def _check_secrets(policy: NetworkPolicy, secrets: object) -> Mapping[str, Secre
                     f"secret {name!r} names {rule}, which the allowlist does not allow "
                     f"(allowed: {policy.describe()}): add it to allow= first"
                 )
-    return MappingProxyType(dict(secrets))
+    # a copy of its own (a plain dict: policies are deep-copied and pickled by some callers)
+    return dict(secrets)
 
 
 def _allowed(policy: NetworkPolicy, rule: AllowRule) -> bool:
