@@ -10,6 +10,7 @@ appears in no output, no notebook and no file of the work dir.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +61,13 @@ def executor(
 def test_a_secret_reaches_its_host_only(executor: Any, world: World) -> None:
     result = executor.execute(client_code(world))
     check_end_to_end(executor, result, world)
+
+
+def test_no_container_holds_the_value(executor: Any, docker_client: docker.DockerClient) -> None:
+    # its environment, command and labels: the placeholder only (every container, all helpers')
+    configs = [c.attrs["Config"] for c in docker_client.containers.list(sparse=False)]
+    assert configs and not [c for c in configs if VALUE in json.dumps(c)]
+    assert any(f"{NAME}=kx-secret-{NAME}-" in " ".join(c.get("Env") or []) for c in configs)
 
 
 def test_the_code_cannot_replace_the_trusted_bundle(executor: Any) -> None:
