@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         InvalidBlock,
         InvalidNetworkPolicy,
         InvalidPath,
+        InvalidSecret,
         InvalidTimeout,
         InvalidWorkDir,
         JobNotFinished,
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from ._files import FileEntry
     from ._jobs import AsyncJob, Job, JobStatus
     from ._kernel import AsyncKernelExecutor, KernelExecutor
-    from ._network import NetworkPolicy
+    from ._network import NetworkPolicy, Secret
     from ._notebook import run_notebook, run_notebook_async
     from ._registry import EXECUTOR_NAMES, make_async_executor, make_executor
     from ._render import LiveDisplay
@@ -125,7 +126,9 @@ _LAZY: dict[str, str] = {
     "InvalidPath": "._errors",
     "InvalidTimeout": "._errors",
     "InvalidNetworkPolicy": "._errors",
+    "InvalidSecret": "._errors",
     "NetworkPolicy": "._network",
+    "Secret": "._network",
     "NetworkEvent": "._types",
     "InvalidWorkDir": "._errors",
     "Job": "._jobs",
@@ -213,6 +216,7 @@ __all__ = [
     "InvalidBlock",
     "InvalidNetworkPolicy",
     "InvalidPath",
+    "InvalidSecret",
     "InvalidTimeout",
     "InvalidWorkDir",
     "Job",
@@ -242,6 +246,7 @@ __all__ = [
     "SandboxOptions",
     "SandboxedCommand",
     "SandboxedKernel",
+    "Secret",
     "SessionBusy",
     "SessionError",
     "SessionExists",

@@ -34,6 +34,8 @@ callers can catch broadly::
     ├── FileTooLarge                + ValueError     (a file past the files API's size limit)
     ├── InvalidTimeout              + ValueError     (a timeout that is not a positive number)
     ├── InvalidNetworkPolicy        + ValueError     (an allowlist entry that is not a host)
+    │   └── InvalidSecret               a secret with no value, a bad name, or a host the
+    │                                   allowlist does not allow
     ├── InvalidWorkDir              + ValueError     (a work dir that is a file, or cannot be made)
     │   └── WorkDirNotFound             + FileNotFoundError: an adapter's work dir whose parent
     │                                   is missing (AG2 makes one folder, never a chain)
@@ -165,6 +167,12 @@ class InvalidNetworkPolicy(KernelExecError, ValueError):
     """A ``network=`` setting kernelexec cannot enforce: an allowlist entry that is not a host
     name, address or ``*.`` wildcard (with an optional port), or a mode other than ``"none"``,
     ``"all"`` or a ``NetworkPolicy``. Raised at construction, before anything starts."""
+
+
+class InvalidSecret(InvalidNetworkPolicy):
+    """A ``Secret`` or ``secrets=`` entry kernelexec refuses: an empty or non-printable value,
+    no hosts, a name that is not an environment variable's (or one kernelexec sets itself), or
+    a host the policy's allowlist does not allow. Raised at construction; never shows the value."""
 
 
 class InvalidWorkDir(KernelExecError, ValueError):

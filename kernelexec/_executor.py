@@ -756,12 +756,18 @@ class AsyncExecutor(ABC):
         events = await take() if take is not None else []
         if not events:
             return result
-        refused = [event for event in events if not event.allowed]
+        # a withheld secret is said too: the model learns its placeholder went nowhere
+        refused = [event for event in events if not event.allowed or event.secrets_withheld]
         output = result.output
         if refused:
             lines = "\n".join(f"  {event.describe()}" for event in refused[:20])
             more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
             note = f"kernelexec: the network policy refused {len(refused)} connection(s):\n"
+            if any(event.allowed for event in refused):
+                note = (
+                    "kernelexec: the network policy refused or withheld secrets on "
+                    f"{len(refused)} connection(s):\n"
+                )
             output = f"{output.rstrip(chr(10))}\n{note}{lines}{more}".lstrip("\n")
         return result.with_changes(network_log=events, output=output)
 

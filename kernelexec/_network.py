@@ -10,11 +10,12 @@ request's host and port, and judging the addresses a name resolved to.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
-from ._errors import InvalidNetworkPolicy
+from ._errors import InvalidNetworkPolicy, InvalidSecret
 
 #: ``network=`` values besides a policy
 NETWORK_MODES = ("none", "all")
@@ -81,6 +82,12 @@ class NetworkPolicy:
     #: requirements (``"pandas==2.2.*"``) pip installs when the session starts, from the index
     #: the host's pip is configured with: its hosts are allowed for that step only
     packages: Sequence[str] = ()
+    #: ``{"OPENAI_API_KEY": Secret(value, hosts=["api.example.org"])}``: the code's environment
+    #: gets a placeholder per name; the proxy puts the value in requests to those hosts only
+    secrets: Mapping[str, Secret] = field(default_factory=dict, hash=False)
+    #: a PEM file of CA certificates the proxy trusts besides the system's when it connects
+    #: to a secret's host (a private API's CA); every other connection is a blind tunnel
+    upstream_ca: str | None = None
     rules: tuple[AllowRule, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +115,9 @@ class NetworkPolicy:
             raise InvalidNetworkPolicy(
                 f"connect_timeout must be between 0 and 3600 s, not {self.connect_timeout!r}"
             )
+        object.__setattr__(self, "secrets", _check_secrets(self, self.secrets))
+        if self.upstream_ca is not None and not os.path.isfile(self.upstream_ca):
+            raise InvalidNetworkPolicy(f"upstream_ca {self.upstream_ca!r} is not a file")
 
     def with_hosts(self, extra: Iterable[str]) -> NetworkPolicy:
         """This policy with more entries (a package index's hosts, for a session's install)."""
@@ -118,6 +128,8 @@ class NetworkPolicy:
             max_log_entries=self.max_log_entries,
             connect_timeout=self.connect_timeout,
             packages=self.packages,
+            secrets=self.secrets,
+            upstream_ca=self.upstream_ca,
         )
 
     def check_request(self, host: str, port: int) -> str | None:
@@ -253,3 +265,127 @@ def _special(address: Address) -> bool:
             or (address in ipaddress.IPv6Network("64:ff9b::/96"))
         )
     return address.is_multicast or address.is_reserved
+
+
+# -- secrets the code never sees -------------------------------------------------------------
+#: names kernelexec itself sets in the code's environment under a policy: never a secret's
+RESERVED_NAMES = frozenset(
+    {
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "PIP_PROXY", "PIP_CERT", "PIP_TARGET",
+        "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+        "HOME", "PATH", "PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH",
+    }
+)  # fmt: skip
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A value the code may use but never sees: ``Secret(value, hosts=["api.example.org"])``.
+
+    Given to ``NetworkPolicy(secrets={"NAME": Secret(...)})``, the code's environment holds a
+    placeholder under ``NAME`` (unguessable, new each session); the egress proxy puts ``value``
+    in place of the placeholder in the request line and headers of requests to ``hosts`` (each
+    ``HOST[:PORT]`` as in the allowlist, and each allowed by it), and nowhere else. Its repr
+    never shows the value.
+    """
+
+    value: str = field(repr=False)
+    _: KW_ONLY
+    hosts: Sequence[str] = ()
+    rules: tuple[AllowRule, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str) or not self.value:
+            raise InvalidSecret("a Secret's value must be a non-empty string")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in self.value) or not self.value.isascii():
+            # it goes into an HTTP header: a line break would let it add headers of its own
+            raise InvalidSecret("a Secret's value must be printable ASCII (it goes into headers)")
+        if isinstance(self.hosts, str) or not self.hosts:
+            raise InvalidSecret(
+                f"a Secret needs a list of hosts it may be sent to, hosts=[...], not {self.hosts!r}"
+            )
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+        try:
+            rules = tuple(parse_entry(host) for host in self.hosts)
+        except InvalidNetworkPolicy as exc:
+            raise InvalidSecret(f"a Secret's host: {exc}") from None
+        object.__setattr__(self, "rules", rules)
+
+    def __repr__(self) -> str:
+        return f"Secret(<hidden>, hosts={list(self.hosts)!r})"
+
+    def carried_by(self, host: str, port: int) -> bool:
+        """Whether a request to ``host:port`` gets this secret's value."""
+        address = parse_address(host)
+        if address is not None:
+            return any(r.address == address and port in r.ports() for r in self.rules)
+        name = normalize_name(host)
+        return name is not None and any(
+            r.address is None and r.matches(name, port) for r in self.rules
+        )
+
+
+def secrets_from_environment(
+    specs: Sequence[str], environ: Mapping[str, str] | None = None
+) -> dict[str, Secret]:
+    """``--secret NAME@HOST[:PORT][,HOST...]`` (the CLI's and the MCP server's): each value read
+    from the variable ``NAME`` of kernelexec's own environment, never from the command line."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Secret] = {}
+    for spec in specs:
+        name, at, hosts = spec.partition("@")
+        if not at or not name or not hosts:
+            raise InvalidSecret(
+                f"--secret {spec!r}: write NAME@HOST[:PORT][,HOST...]; the value is read from "
+                "the environment variable NAME"
+            )
+        if name not in env:
+            raise InvalidSecret(f"--secret {name}: the variable {name} is not set here")
+        found[name] = Secret(env[name], hosts=[h.strip() for h in hosts.split(",")])
+    return found
+
+
+def describe_secrets(policy: NetworkPolicy) -> str:
+    """How many secrets a policy holds and for which hosts (names and hosts, never values)."""
+    if not policy.secrets:
+        return "secrets: none"
+    parts = [f"{name} -> {', '.join(s.hosts)}" for name, s in policy.secrets.items()]
+    return f"secrets: {len(parts)} ({'; '.join(parts)})"
+
+
+def _check_secrets(policy: NetworkPolicy, secrets: object) -> Mapping[str, Secret]:
+    if not isinstance(secrets, Mapping):
+        raise InvalidSecret(f'secrets= takes a mapping {{"NAME": Secret(...)}}, not {secrets!r}')
+    for name, secret in secrets.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidSecret(f"{name!r} is not an environment variable name for a secret")
+        if name.upper() in RESERVED_NAMES or name.upper().endswith("_PROXY"):
+            raise InvalidSecret(f"{name!r} is a name kernelexec sets itself; choose another")
+        if not isinstance(secret, Secret):
+            raise InvalidSecret(f"secrets[{name!r}] must be a Secret(value, hosts=[...])")
+        for rule in secret.rules:
+            if not _allowed(policy, rule):
+                raise InvalidSecret(
+                    f"secret {name!r} names {rule}, which the allowlist does not allow "
+                    f"(allowed: {policy.describe()}): add it to allow= first"
+                )
+    # a copy of its own (a plain dict: policies are deep-copied and pickled by some callers)
+    return dict(secrets)
+
+
+def _allowed(policy: NetworkPolicy, rule: AllowRule) -> bool:
+    """Whether the policy allows what ``rule`` names (a secret host without a port: on at
+    least one of 80 and 443; requests elsewhere are refused before any secret is considered)."""
+    for port in rule.ports():
+        if rule.wildcard:
+            if any(
+                r.wildcard
+                and (rule.host == r.host or rule.host.endswith("." + r.host))
+                and port in r.ports()
+                for r in policy.rules
+            ):
+                return True
+        elif policy.check_request(rule.host, port) is None:
+            return True
+    return False

@@ -80,10 +80,17 @@ class NetworkEvent:
     time: float = 0.0
     duration_s: float = 0.0
     open: bool = False
+    #: the secrets (names, never values) whose value the proxy put in this request
+    secrets_sent: tuple[str, ...] = ()
+    #: secrets whose placeholder went to a host that does not carry them: left unsubstituted
+    secrets_withheld: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for a result's ``output``."""
         verdict = "allowed" if self.allowed else f"refused: {self.reason}"
+        if self.secrets_withheld:
+            names = ", ".join(self.secrets_withheld)
+            verdict += f"; secret_withheld: {names} (placeholder sent as is: not for this host)"
         return f"{self.method} {self.host}:{self.port} {verdict}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,6 +105,8 @@ class NetworkEvent:
             "time": self.time,
             "duration_s": round(self.duration_s, 6),
             "open": self.open,
+            "secrets_sent": list(self.secrets_sent),
+            "secrets_withheld": list(self.secrets_withheld),
         }
 
 

@@ -98,11 +98,14 @@ def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
     packages = [
         p.strip() for item in getattr(args, "packages", None) or [] for p in item.split(",")
     ]
-    if not allow and not packages:
+    specs = getattr(args, "secret", None) or []
+    if not allow and not packages and not specs:
         return {}
-    from ._network import NetworkPolicy  # a bad entry: InvalidNetworkPolicy, said plainly
+    # a bad entry: InvalidNetworkPolicy (or InvalidSecret), said plainly
+    from ._network import NetworkPolicy, secrets_from_environment
 
-    policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p])
+    secrets = secrets_from_environment(specs)
+    policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p], secrets=secrets)
     if name.startswith("docker-"):
         return {"network": policy}
     if packages and name in _SANDBOXED.values():
@@ -450,6 +453,7 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         help="pip-install these at session start (docker-* executors), from the index the "
         "host's pip uses, whose hosts are allowed for that step only",
     )
+    parser.add_argument("--secret", action="append", metavar="NAME@HOST[,HOST]", help=_SECRET_HELP)
     parser.add_argument(
         "--runtime",
         metavar="NAME",
@@ -823,16 +827,27 @@ def cmd_cluster_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+_SECRET_HELP = (
+    "give the code a placeholder in $NAME that kernelexec's egress proxy replaces by the value "
+    "of NAME in this process's environment, in requests to HOST only (which --allow must allow; "
+    "repeatable). The value is never on the command line, in the code's environment or output"
+)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ._doctor import as_json, matrix, run_doctor, targets
 
     network = None
-    if args.allow:
-        from ._network import NetworkPolicy
+    if args.allow or args.secret:
+        from ._network import NetworkPolicy, describe_secrets, secrets_from_environment
 
-        network = NetworkPolicy(allow=args.allow)
+        secrets = secrets_from_environment(args.secret or [])
+        network = NetworkPolicy(allow=args.allow or [], secrets=secrets)
+        print(f"kernelexec doctor: {describe_secrets(network)}", file=sys.stderr)
     rows = run_doctor(targets(args.backend, network=network))
     report = as_json(rows)
+    if network is not None:  # names and hosts only: a value never reaches a report
+        report["secrets"] = {name: list(s.hosts) for name, s in network.secrets.items()}
     print(json.dumps(report, indent=2) if args.json else matrix(rows))
     return 0 if report["ok"] else 1
 
@@ -856,6 +871,7 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="probe the isolating back ends under this egress allowlist (repeatable): the "
         "doctor's own listeners must stay unreachable, directly and through the proxy",
     )
+    doctor.add_argument("--secret", action="append", metavar="NAME@HOST[,HOST]", help=_SECRET_HELP)
     doctor.set_defaults(func=cmd_doctor)
 
 

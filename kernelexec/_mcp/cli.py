@@ -62,6 +62,13 @@ def add_mcp_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the sessions' egress allowlist (docker-* and sandboxed-* executors; repeatable): "
         "their code reaches these hosts through kernelexec's proxy, nothing else",
     )
+    mcp.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME@HOST[,HOST]",
+        help="each session's code gets a placeholder in $NAME; the proxy puts the value of NAME "
+        "(this server's environment) in requests to HOST only (an --allow'ed host; repeatable)",
+    )
     http = mcp.add_argument_group("streamable HTTP")
     http.add_argument("--http", action="store_true", help="serve streamable HTTP, not stdio")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -114,11 +121,13 @@ def _hub_options(args: argparse.Namespace) -> Any:
 def _egress_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--allow``: every session's egress allowlist (a bad entry or executor: ValueError)."""
     allow = getattr(args, "allow", None)
-    if not allow:
+    specs = getattr(args, "secret", None) or []
+    if not allow and not specs:
         return {}
-    from .._network import NetworkPolicy
+    from .._network import NetworkPolicy, secrets_from_environment
 
-    policy = NetworkPolicy(allow=allow)
+    # values from the server's own environment, never from its command line
+    policy = NetworkPolicy(allow=allow or [], secrets=secrets_from_environment(specs))
     if args.executor.startswith("docker-"):
         return {"network": policy}
     if args.executor.startswith("sandboxed-"):

@@ -62,6 +62,7 @@ from ._egress import (
     proxy_environment,
 )
 from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
+from ._secrets import CONTAINER_BUNDLE, CONTAINER_BUNDLE_SCRIPT, SessionSecrets
 
 _HOW_TO_START = (
     "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
@@ -269,15 +270,20 @@ def container_kwargs(options: DockerOptions, *, labels: Mapping[str, str]) -> di
     return kwargs
 
 
-def container_env(options: DockerOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def container_env(
+    options: DockerOptions, extra: Mapping[str, str] | None = None, egress: Egress | None = None
+) -> dict[str, str]:
     """The environment code in the container sees (never the host's): kernelexec's defaults,
-    then the caller's (``run_kwargs["environment"]``, then ``environment``), then ``extra``."""
+    then the caller's (``run_kwargs["environment"]``, then ``environment``), then ``extra``;
+    the session's secret placeholders (never values) and CA bundle when ``egress`` has any."""
     # No MPLBACKEND here: a kernel picks its inline back end; command runs set Agg themselves.
     base = {"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
     given = _as_mapping(options.run_kwargs.get("environment"), None)
     policy = options.egress_policy
     # The proxy's variables win over the caller's: the policy is the one way out.
     proxy = proxy_environment(policy) if policy is not None else {}
+    if egress is not None and egress.secrets is not None:
+        proxy.update(egress.secrets.environment(CONTAINER_BUNDLE))
     return {**base, **given, **options.environment, **(extra or {}), **proxy}
 
 
@@ -488,7 +494,7 @@ class ContainerHandle:
         """Start ``argv`` in ``container`` (in ``WORKSPACE``, with ``container_env`` plus
         ``environment``): the exec's id and the socket its multiplexed output arrives on (and,
         with ``stdin``, its raw input goes to)."""
-        env = container_env(self.options, environment)
+        env = container_env(self.options, environment, self.egress)
         return await self.call(
             "docker exec", _exec_start, self._api(), container.id, argv, env, stdin
         )
@@ -539,7 +545,7 @@ class ContainerHandle:
                         opts.image,
                         command=list(spec.command),
                         mounts=mounts,
-                        environment=container_env(opts, spec.environment),
+                        environment=container_env(opts, spec.environment, self.egress),
                         init=spec.init,
                         **kwargs,
                     )
@@ -576,8 +582,26 @@ class ContainerHandle:
         self.egress.add_relay(container.id, relay)
         if not relay.wait_listening(30):
             raise DockerUnavailable("the container's egress relay did not start listening")
+        if self.egress.secrets is not None:
+            self._write_bundle(container, self.egress.secrets, user)
         if self.egress.policy.packages:
             self._install_packages(container, self.egress)
+
+    def _write_bundle(self, container: Any, secrets: SessionSecrets, user: str) -> None:
+        """The session CA (and the image's trust store) at ``CONTAINER_BUNDLE``, owned by the
+        relay's uid, read-only: the code, another uid, can neither change nor replace it."""
+        argv = ["python3", "-I", "-S", "-c", CONTAINER_BUNDLE_SCRIPT]
+        argv += [secrets.ca_pem.decode(), CONTAINER_BUNDLE]
+        api = self._api()
+        with translate_errors("writing the secrets' CA bundle"):
+            exec_id = api.exec_create(container.id, argv, user=user)["Id"]
+            output = api.exec_start(exec_id)
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        if code != 0:
+            raise DockerUnavailable(
+                f"the container could not write the secrets' CA bundle (exit status {code}): "
+                f"{output!r:.500}"
+            )
 
     def _install_packages(self, container: Any, egress: Egress) -> None:
         """pip installs the policy's packages into the container user's site, through the
@@ -585,7 +609,7 @@ class ContainerHandle:
         Its connections are in the next block's ``network_log``."""
         url, hosts = host_index()
         argv = ["python3", "-m", "pip", "install", "-q", "--index-url", url]
-        env = container_env(self.options, {"PIP_INDEX_URL": url})
+        env = container_env(self.options, {"PIP_INDEX_URL": url}, egress)
         with egress.widened(hosts):
             created = self._api().exec_create(
                 container.id, [*argv, *egress.policy.packages], environment=env, workdir=WORKSPACE

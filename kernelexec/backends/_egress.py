@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit
 from .._network import Address, NetworkPolicy, normalize_name, parse_address
 from .._types import NetworkEvent
 from ._docker_relay import CLOSE, DATA, HEADER, OPEN
+from ._secrets import Redactor, SessionSecrets, write_bundle
 
 log = logging.getLogger("kernelexec.egress")
 
@@ -82,7 +84,11 @@ def sandbox_environment(egress: Egress, env: Mapping[str, str]) -> dict[str, str
     del proxy["PIP_USER"]
     site = f"/tmp/{egress.folder.name}-site"
     path = [site, *filter(None, [env.get("PYTHONPATH")])]
-    return {**env, **proxy, "PIP_TARGET": site, "PYTHONPATH": os.pathsep.join(path)}
+    secret = {}
+    if egress.secrets is not None and egress.bundle_path is not None:
+        # the egress folder is bound read-only into the sandbox: the bundle keeps its path
+        secret = egress.secrets.environment(str(egress.bundle_path))
+    return {**env, **proxy, **secret, "PIP_TARGET": site, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def proxy_environment(policy: NetworkPolicy) -> dict[str, str]:
@@ -141,6 +147,9 @@ class _Record:
     down: int = 0
     started: float = field(default_factory=time.time)
     ended: float | None = None
+    #: secrets (names) whose value went in the request, and placeholders left as they were
+    secrets_sent: list[str] = field(default_factory=list)
+    secrets_withheld: list[str] = field(default_factory=list)
 
     def event(self) -> NetworkEvent:
         end = self.ended if self.ended is not None else time.time()
@@ -155,6 +164,8 @@ class _Record:
             time=self.started,
             duration_s=max(0.0, end - self.started),
             open=self.ended is None,
+            secrets_sent=tuple(self.secrets_sent),
+            secrets_withheld=tuple(self.secrets_withheld),
         )
 
 
@@ -214,8 +225,15 @@ class _Refused(Exception):
 class EgressProxy:
     """The proxy's server: a loop thread serving ``socket_path`` until ``stop``."""
 
-    def __init__(self, policy: NetworkPolicy, socket_path: Path, egress_log: EgressLog) -> None:
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        socket_path: Path,
+        egress_log: EgressLog,
+        secrets: SessionSecrets | None = None,
+    ) -> None:
         self.policy = policy
+        self.secrets = secrets
         self.socket_path = socket_path
         self.log = egress_log
         self._open = 0
@@ -327,6 +345,14 @@ class EgressProxy:
         if reason is not None:
             raise _Refused(403, reason)
         address = await self._resolve(host, port)
+        secrets = self.secrets
+        if method == "CONNECT" and secrets is not None and secrets.carries(host, port):
+            await self._intercept(secrets, record, address, reader, writer)
+            return
+        redactor = None
+        if secrets is not None and method != "CONNECT":
+            rest = _rewrite(secrets, record, rest)
+            redactor = secrets.redactor(host, port)
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(str(address), port), self.policy.connect_timeout
@@ -342,9 +368,66 @@ class EgressProxy:
             else:
                 up_writer.write(rest)
                 record.up += len(rest)
-            await self._pump(record, reader, writer, up_reader, up_writer)
+            await self._pump(record, reader, writer, up_reader, up_writer, redactor)
         finally:
             up_writer.close()
+
+    async def _intercept(
+        self,
+        secrets: SessionSecrets,
+        record: _Record,
+        address: Address,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """A CONNECT to a secret's host: TLS terminated here with the session CA, upstream
+        verified as any client would, the request's placeholders replaced (see ``_secrets``).
+        One request per connection (``Connection: close``): each head is read and rewritten."""
+        host, port = record.host, record.port
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    str(address), port, ssl=secrets.upstream_context, server_hostname=host
+                ),
+                self.policy.connect_timeout,
+            )
+        except ssl.SSLError as exc:
+            raise _Refused(
+                502, f"{host}:{port} (a secret's host) failed TLS verification: {exc}"
+            ) from exc
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise _Refused(502, f"cannot connect to {host}:{port} ({address}): {exc}") from exc
+        record.allowed = True
+        try:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            try:
+                if sys.version_info < (3, 11):  # no StreamWriter.start_tls before 3.11
+                    raise ssl.SSLError("secrets need Python 3.11 or later on the host")
+                await writer.start_tls(secrets.server_context, ssl_handshake_timeout=HEAD_TIMEOUT)
+            except (ssl.SSLError, ConnectionError) as exc:
+                record.allowed = False
+                record.reason = (
+                    f"the code's TLS client did not accept kernelexec's session CA for this "
+                    f"secret's host (a client that pins certificates cannot use secrets): {exc}"
+                )
+                raise OSError(record.reason) from exc
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+            except asyncio.LimitOverrunError:
+                record.reason = "the request head is longer than 64 KiB"
+                await _reply(writer, 431, record.reason)
+                writer.transport.abort()  # no TLS goodbye: the client is still sending
+                return
+            head = _rewrite(secrets, record, _close_after(head))
+            up_writer.write(head)
+            record.up += len(head)
+            redactor = secrets.redactor(host, port)
+            await self._pump(record, reader, writer, up_reader, up_writer, redactor)
+        finally:
+            # abort, not close: a TLS close waits for the server's goodbye, which a proxy
+            # stopping (or a server gone quiet) would leave pending past the loop's end
+            up_writer.transport.abort()
 
     async def _resolve(self, host: str, port: int) -> Address:
         literal = parse_address(host)
@@ -395,6 +478,7 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
+        redactor: Redactor | None = None,
     ) -> None:
         limit = self.policy.max_upload_bytes
 
@@ -412,7 +496,10 @@ class EgressProxy:
         async def download() -> None:
             while data := await up_reader.read(_CHUNK):
                 record.down += len(data)
-                writer.write(data)
+                writer.write(data if redactor is None else redactor.feed(data))
+                await writer.drain()
+            if redactor is not None:
+                writer.write(redactor.flush())
                 await writer.drain()
 
         tasks = [asyncio.ensure_future(upload()), asyncio.ensure_future(download())]
@@ -426,6 +513,24 @@ class EgressProxy:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _rewrite(secrets: SessionSecrets, record: _Record, head: bytes) -> bytes:
+    """``head`` with the placeholders of the record's host's secrets substituted; the names
+    sent and withheld go to the record."""
+    rewritten = secrets.rewrite_head(head, record.host, record.port)
+    record.secrets_sent += rewritten.sent
+    record.secrets_withheld += rewritten.withheld
+    return rewritten.head
+
+
+def _close_after(head: bytes) -> bytes:
+    """A request head (inside a terminated TLS connection) asking the server to close after
+    answering: the next request comes on a new connection, whose head is read again."""
+    lines = head.split(b"\r\n")
+    drop = (b"connection", b"keep-alive", b"proxy-connection")
+    kept = [line for line in lines[1:] if line and line.split(b":")[0].strip().lower() not in drop]
+    return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n"
 
 
 def _parse_head(head: bytes) -> tuple[str, str, int, bytes] | None:
@@ -533,8 +638,11 @@ class Egress:
             # anything in the folder (root's, 0711).
             os.chmod(self.folder, 0o711)
         self.socket_path = self.folder / "proxy.sock"
+        #: the session's placeholders and CA (``policy.secrets``), and the CA bundle's file
+        self.secrets = SessionSecrets(policy) if policy.secrets else None
+        self.bundle_path = write_bundle(self.secrets, self.folder) if self.secrets else None
         self._lock = threading.Lock()
-        self._proxy = EgressProxy(policy, self.socket_path, self.log)
+        self._proxy = EgressProxy(policy, self.socket_path, self.log, self.secrets)
         self._proxy.start()
         self._relays: dict[str, EgressRelay] = {}
         self.restarts = 0
@@ -562,7 +670,7 @@ class Egress:
                 return False
             log.warning("kernelexec: the egress proxy had stopped; restarting it")
             self._proxy.stop()
-            self._proxy = EgressProxy(self.policy, self.socket_path, self.log)
+            self._proxy = EgressProxy(self.policy, self.socket_path, self.log, self.secrets)
             self._proxy.start()
             self.restarts += 1
             return True
