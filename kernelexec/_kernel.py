@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,7 +38,16 @@ from ._branch import (
 from ._budget import full_value
 from ._charts import kernel_setup_code
 from ._door import Door
-from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
+from ._durable import (
+    SnapshotManifest,
+    Verified,
+    cloudpickle_sources,
+    fetch_remote,
+    kernel_call,
+    send_remote,
+    snapshot_key,
+    write,
+)
 from ._errors import (
     BackendUnavailable,
     ExecutionTimeout,
@@ -900,22 +910,24 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _save_durable(self, path: Path, key: bytes) -> SnapshotManifest:
         async with self._durable_lock("snapshot(path=...)"):
+            await self._ensure_cloudpickle()
             folder = self._scratch()
             try:
                 saved = await self._kernel_json(f"save({self._in_kernel(folder)!r})")
-                return await asyncio.to_thread(
-                    write,
-                    path,
-                    key,
-                    saved=saved,
-                    pickles=self._door,
-                    folder=folder,
-                    work=self._door,
-                    kind=self.backend.kind,
-                    kernel_name=getattr(self.backend, "kernel_name", None),
-                )
+                async with self._durable_files(folder, saved) as door:
+                    return await asyncio.to_thread(
+                        write,
+                        path,
+                        key,
+                        saved=saved,
+                        pickles=door,
+                        folder=folder,
+                        work=door,
+                        kind=self.backend.kind,
+                        kernel_name=getattr(self.backend, "kernel_name", None),
+                    )
             finally:
-                shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                await self._drop_scratch(folder)
 
     async def _restore_durable(self, path: Path, key: bytes) -> SnapshotManifest:
         verified = await asyncio.to_thread(Verified, path, key)
@@ -925,17 +937,67 @@ class AsyncKernelExecutor(AsyncExecutor):
                 await self._check_python(verified.manifest["python"], path)
                 if not fresh:
                     await self._replace_kernel()  # a fresh kernel, as a resume gets
+                await self._ensure_cloudpickle()
                 folder = self._scratch()
                 try:
-                    await asyncio.to_thread(_unpack, verified, self._door, folder)
+                    await self._unpack_durable(verified, folder)
                     names = json.dumps(verified.manifest["names"])
                     call = f"load({self._in_kernel(folder)!r}, {names!r})"
                     fates = await self._kernel_json(call)
                 finally:
-                    shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                    await self._drop_scratch(folder)
                 return verified.result(path, fates)
         finally:
             verified.close()
+
+    # A kernel on another machine (gateway, provisioned) does not share the work dir: the
+    # pickles and files of a durable snapshot move through the kernel, via a local mirror.
+    @contextlib.asynccontextmanager
+    async def _durable_files(self, folder: str, saved: dict[str, Any]) -> Any:
+        """A door onto the snapshot's pickles (in ``folder``) and the work dir's files."""
+        if self.backend.shares_work_dir:
+            yield self._door
+            return
+        work = await self._kernel_json(f"files({self._in_kernel('.')!r})")
+        with (
+            tempfile.TemporaryDirectory(prefix="kernelexec-snapshot-") as mirror,
+            Door(mirror) as door,
+        ):
+            await fetch_remote(self._remote_files(), saved, folder, work, door)
+            yield door
+
+    async def _unpack_durable(self, verified: Verified, folder: str) -> None:
+        if self.backend.shares_work_dir:
+            await asyncio.to_thread(_unpack, verified, self._door, folder)
+            return
+        with (
+            tempfile.TemporaryDirectory(prefix="kernelexec-resume-") as mirror,
+            Door(mirror) as door,
+        ):
+            await asyncio.to_thread(_unpack, verified, door, folder)
+            await self._kernel_json(f"empty({self._in_kernel('.')!r})")
+            await send_remote(self._remote_files(), door)
+
+    def _remote_files(self) -> KernelFiles:
+        # no per-file cap here: the data streams to disk, never whole in memory
+        return KernelFiles(self._evaluate, self._in_kernel("."), limit=1 << 62)
+
+    async def _drop_scratch(self, folder: str) -> None:
+        if self.backend.shares_work_dir:
+            shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(Exception):  # a dead kernel took its folder with it
+                await self._kernel_json(f"drop({self._in_kernel(folder)!r})")
+
+    async def _ensure_cloudpickle(self) -> None:
+        """A kernel without cloudpickle (the Docker image, a gateway's kernel) gets the host's
+        copy, sent as source text: the kernel serves it from a finder of its own (see
+        ``_durable.ship``), so no package is installed anywhere."""
+        if await self._kernel_json("has_cloudpickle()"):
+            return
+        sources = cloudpickle_sources()
+        if sources is not None:
+            await self._kernel_json(f"ship({sources!r})")
 
     @contextlib.asynccontextmanager
     async def _durable_lock(self, what: str) -> Any:
@@ -950,9 +1012,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             yield
 
     def _scratch(self) -> str:
-        """A fresh folder under kernelexec's own folder of the work dir (relative path)."""
+        """A fresh folder under kernelexec's own folder of the work dir (relative path); a
+        remote kernel makes it itself (``save``)."""
         folder = f"{INTERNAL_DIR}/snapshot-{uuid.uuid4().hex[:12]}"
-        self._door.makedirs(folder)
+        if self.backend.shares_work_dir:
+            self._door.makedirs(folder)
+            # A container user (the Docker kernel) owns the work dir, not root: it writes the
+            # pickles here, so the folder is given to the work dir's owner.
+            root = os.stat(self.work_dir)
+            if os.geteuid() == 0 and root.st_uid != 0:
+                self._door.chown(folder, root.st_uid, root.st_gid)
         return folder
 
     def _in_kernel(self, rel: str) -> str:
