@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import importlib.util
 import json
 import os
 import shutil
@@ -252,11 +253,10 @@ def kernel_call(call: str) -> tuple[str, str]:
 def cloudpickle_sources() -> str | None:
     """cloudpickle's own modules as source text (it is pure Python), as JSON ``{module:
     [source, is_package]}``, for a kernel that does not have it; None if the host lacks it too."""
-    try:
-        import cloudpickle
-    except ImportError:
+    spec = importlib.util.find_spec("cloudpickle")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    folder = Path(cloudpickle.__file__).parent
+    folder = Path(next(iter(spec.submodule_search_locations)))
     sources: dict[str, tuple[str, bool]] = {}
     for file in sorted(folder.glob("*.py")):
         package = file.name == "__init__.py"
