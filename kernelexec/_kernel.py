@@ -618,6 +618,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._snapshots: list[AsyncLiveSnapshot] = []
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
+        #: a fork: ``"process"`` (the kernel process forked) or ``"snapshot"`` (a fresh kernel
+        #: loaded from a durable snapshot of the parent: ``restored`` says what came back)
+        self.forked_via: str | None = None
+        self._fork_source: _ForkSource | None = None
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
         # started on a block's first use; ``_running`` is the one a block runs in now.
         self._others: dict[str, _LanguageKernel] = {}
@@ -754,10 +758,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         children = await self._forked(count)
         try:
             for child in children:
-                await child.start()
+                await child._begin_fork()
         except BaseException:
             await _close_all(children)
             raise
+        finally:
+            _drop_fork_sources(children)
         return children[0] if n is None else children
 
     async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
@@ -765,6 +771,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         the event loop that will drive it (the sync twin gives each its own)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
+        if self.backend.kind not in FORKABLE and self.backend.fresh_copy() is not None:
+            return await self._forks_via_snapshot(count)
         async with self._branching("fork()"):
             return await self._forks(count, lineage=self._lineage)
 
@@ -860,6 +868,38 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
         await old.shutdown()
+
+    # -- fork through a durable snapshot (a kernel whose process cannot be forked) --------------
+    async def _forks_via_snapshot(self, count: int) -> list[AsyncKernelExecutor]:
+        """``count`` new executors, each on a fresh back end of this one's kind, to be loaded
+        (by ``_begin_fork``, on the loop that drives each) from one durable snapshot of this
+        session, signed with a key made for it alone and removed once they are loaded."""
+        source = _ForkSource()
+        try:
+            await self._save_durable(source.path, source.key)
+            children: list[AsyncKernelExecutor] = []
+            for _ in range(count):
+                backend = self.backend.fresh_copy()
+                if backend is None:  # pragma: no cover - checked by the caller
+                    raise ForkUnsupported(f"a {self.backend.kind} back end cannot be copied")
+                child = self._child(backend)
+                child._fork_source = source
+                children.append(child)
+        except BaseException:
+            source.close()
+            raise
+        return children
+
+    async def _begin_fork(self) -> None:
+        """Start a fork: a process fork is connected to; a fork through a snapshot is a fresh
+        kernel the snapshot is loaded into (``restored`` says, name by name, what came back)."""
+        source, self._fork_source = self._fork_source, None
+        if source is None:
+            await self.start()
+            self.forked_via = "process"
+            return
+        self.restored = await self.restore(source.path, key=source.key)
+        self.forked_via = "snapshot"
 
     async def _take_checkpoint(self, block: PreparedBlock) -> None:
         """``checkpoint="block"``: a live snapshot after a successful block, in place of the
@@ -1092,7 +1132,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         return children
 
-    def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
+    def _child(self, backend: KernelBackend) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         return type(self)(
@@ -1420,6 +1460,25 @@ class AsyncKernelExecutor(AsyncExecutor):
         return result.with_changes(output=_append(result.output, note), state_lost=True)
 
 
+class _ForkSource:
+    """The durable snapshot forks are loaded from: a private temp folder, a one-off key."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
+        self.path = Path(self._dir) / "session.kx"
+        self.key = os.urandom(32)
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _drop_fork_sources(children: list[AsyncKernelExecutor]) -> None:
+    for child in children:
+        source, child._fork_source = child._fork_source, None
+        if source is not None:
+            source.close()
+
+
 def _unpack(verified: Verified, door: Door, folder: str) -> None:
     """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
     empty_work_dir(door)
@@ -1739,6 +1798,8 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
 
     #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
     restored: SnapshotManifest | None = None
+    #: a fork: ``"process"`` or ``"snapshot"`` (see ``AsyncKernelExecutor.forked_via``)
+    forked_via: str | None = None
 
     @property
     def backend(self) -> KernelBackend:
@@ -1757,11 +1818,15 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
         fronts = [SyncExecutor.wrap(core) for core in cores]
         try:
             for front in fronts:
-                front.start()
+                front._call(front._core._begin_fork)
+                # the sync twin's own copies, as ``resume`` keeps ``restored``
+                vars(front).update(restored=front.aio.restored, forked_via=front.aio.forked_via)
         except BaseException:
             for front in fronts:
                 front.close()
             raise
+        finally:
+            _drop_fork_sources(cores)
         return fronts[0] if n is None else fronts
 
     def snapshot(

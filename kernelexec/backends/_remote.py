@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from .._errors import ForkUnsupported
+
 
 def setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
     """Code run silently after each (re)start: the work dir and env, whatever the server allows.
@@ -21,3 +23,14 @@ def setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
         lines.append(f"_kx_os.chdir({cwd!r})")
     lines.append("del _kx_os")
     return "\n".join(lines)
+
+
+def refuse_shared_fork(kind: str, working_dir: str | None) -> None:
+    """A fork through a durable snapshot is a second kernel: with a fixed ``working_dir`` both
+    would work in one folder (the fork's restore would empty the parent's files), so refuse."""
+    if working_dir is not None:
+        raise ForkUnsupported(
+            f"this {kind} back end works in the fixed folder {working_dir}: a fork would share"
+            " it with this session; fork a session made with working_dir=None (each kernel in"
+            " its executor's own work dir)"
+        )
