@@ -752,7 +752,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor whose kernel holds this one's state (every variable, import, figure)
         and whose work dir is a copy of this one's; the two then diverge. ``fork(n=3)``: a
         list of three. The kernel process is forked copy-on-write (local and fork-server
-        kernels; ``ForkUnsupported`` elsewhere); this session is undisturbed. Refused with
+        kernels); a kernel whose process cannot be forked but whose back end offers a
+        ``fresh_copy`` (gateway, provisioned) forks through a durable snapshot: a fresh kernel
+        of the same kind loaded from it, ``forked_via == "snapshot"``, its ``restored`` naming
+        what did not come back; ``ForkUnsupported`` elsewhere. This session is undisturbed. Refused with
         ``SessionBusy`` while a block runs. Each fork is closed on its own."""
         count = 1 if n is None else n
         children = await self._forked(count)
