@@ -33,7 +33,9 @@ EXPECTED = ["[1,", "2]", "3", "8", "1", "saved"]
 
 
 @pytest.fixture(scope="module")
-def ex(kernel_gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
+def ex(
+    kernel_gateway: Gateway, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KernelExecutor]:
     work = tmp_path_factory.mktemp("gw-snap-work")
     with KernelExecutor(kernel_gateway.backend(), work_dir=work, timeout=60) as executor:
         # the precondition that makes shipping cloudpickle necessary (else the test proves little)
