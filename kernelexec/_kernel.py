@@ -755,8 +755,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         kernels); a kernel whose process cannot be forked but whose back end offers a
         ``fresh_copy`` (gateway, provisioned) forks through a durable snapshot: a fresh kernel
         of the same kind loaded from it, ``forked_via == "snapshot"``, its ``restored`` naming
-        what did not come back; ``ForkUnsupported`` elsewhere. This session is undisturbed. Refused with
-        ``SessionBusy`` while a block runs. Each fork is closed on its own."""
+        what did not come back; ``ForkUnsupported`` elsewhere. This session is undisturbed.
+        Refused with ``SessionBusy`` while a block runs. Each fork is closed on its own."""
         count = 1 if n is None else n
         children = await self._forked(count)
         try:
