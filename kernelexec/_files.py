@@ -216,10 +216,19 @@ class KernelFiles:
 
     through_kernel = True
 
-    def __init__(self, evaluate: Evaluate, root: str, *, limit: int = DEFAULT_TRANSFER_LIMIT):
+    def __init__(
+        self,
+        evaluate: Evaluate,
+        root: str,
+        *,
+        limit: int = DEFAULT_TRANSFER_LIMIT,
+        chunk: int = _CHUNK,
+    ):
         self._evaluate = evaluate
         self.root = root
         self.limit = limit
+        #: raw bytes per message of ``fetch`` / ``send`` (fewer round trips for big files)
+        self.chunk = chunk
 
     async def read(self, path: str) -> bytes:
         check_relative(path)
@@ -253,7 +262,7 @@ class KernelFiles:
         self._check_size(path, size)
         done = 0
         while done < size:
-            answer = await self._op("read", path, done, min(_CHUNK, size - done))
+            answer = await self._op("read", path, done, min(self.chunk, size - done))
             chunk = base64.b64decode(answer["data"])[: size - done]
             if not chunk:
                 break  # the file shrank while read: what there was
@@ -266,7 +275,7 @@ class KernelFiles:
         check_relative(path)
         first = True
         while True:
-            data = source.read(_CHUNK)
+            data = source.read(self.chunk)
             if not data and not first:
                 break
             await self._op("write", path, base64.b64encode(data).decode(), not first)

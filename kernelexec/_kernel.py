@@ -1022,8 +1022,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             await send_remote(self._remote_files(), door)
 
     def _remote_files(self) -> KernelFiles:
-        # no per-file cap here: the data streams to disk, never whole in memory
-        return KernelFiles(self._evaluate, self._in_kernel("."), limit=1 << 62)
+        # No per-file cap: the data streams to disk, never whole in memory. 4 MiB messages
+        # (5.4 MiB in base64, under Tornado's 10 MiB WebSocket limit) halved a 16 MiB
+        # transfer's time against 1 MiB ones on a gateway.
+        return KernelFiles(self._evaluate, self._in_kernel("."), limit=1 << 62, chunk=4 << 20)
 
     async def _drop_scratch(self, folder: str) -> None:
         if self.backend.shares_work_dir:
