@@ -25,12 +25,12 @@ def setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-def refuse_shared_fork(kind: str, working_dir: str | None) -> None:
-    """A fork through a durable snapshot is a second kernel: with a fixed ``working_dir`` both
-    would work in one folder (the fork's restore would empty the parent's files), so refuse."""
-    if working_dir is not None:
+def refuse_shared_fork(kind: str, folder: object, option: str = "working_dir") -> None:
+    """A fork through a durable snapshot is a second kernel: with a fixed folder (``option``)
+    both would work in it (the fork's restore would empty the parent's files), so refuse."""
+    if folder is not None:
         raise ForkUnsupported(
-            f"this {kind} back end works in the fixed folder {working_dir}: a fork would share"
-            " it with this session; fork a session made with working_dir=None (each kernel in"
+            f"this {kind} back end works in the fixed folder {folder}: a fork would share"
+            f" it with this session; fork a session made with {option}=None (each kernel in"
             " its executor's own work dir)"
         )

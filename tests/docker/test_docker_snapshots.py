@@ -21,7 +21,7 @@ import docker
 import pytest
 from kx_docker_helpers import containers_of, require_runtime
 
-from kernelexec import KernelExecutor, SnapshotError
+from kernelexec import ForkUnsupported, KernelExecutor, SnapshotError
 from kernelexec._errors import BackendUnavailable
 from kernelexec.backends import _sandbox
 from kernelexec.backends.docker_kernel import DockerKernel
@@ -94,6 +94,27 @@ def test_a_gvisor_snapshot_resumes_in_the_sandbox(gvisor: KernelExecutor, tmp_pa
         out = sandboxed.execute("print(kept['b'], double(kept['a'][1]), Model.k)")
         assert out.output.split() == ["from", "gvisor", "4", "3"], out.output
         assert sandboxed.restored is not None and sandboxed.restored.kind == "docker-kernel"
+
+
+def test_a_docker_kernel_forks_through_a_snapshot(
+    gvisor: KernelExecutor, docker_client: docker.DockerClient
+) -> None:
+    gvisor.execute("import threading\nguard = threading.Lock()\nforked = 'yes'")
+    child = gvisor.fork()
+    try:
+        assert child.forked_via == "snapshot"
+        assert child.restored is not None and "lock" in child.restored.not_restorable["guard"]
+        out = child.execute("kept['a'].append(9); print(forked, kept['a'], double(2))")
+        assert out.output.split() == ["yes", "[1,", "2,", "9]", "4"], out.output
+        session = child.backend.session  # type: ignore[attr-defined]
+        (container,) = containers_of(docker_client, session)
+        assert container.attrs["HostConfig"]["Runtime"] == "runsc"  # the parent's options
+    finally:
+        child.close()
+    assert containers_of(docker_client, session) == []
+    assert gvisor.execute("print(kept['a'])").output.strip() == "[1, 2]"
+    with pytest.raises(ForkUnsupported, match="bind_dir"):
+        DockerKernel(bind_dir="/srv/fixed").fresh_copy()
 
 
 def test_a_bad_snapshot_leaves_the_session_as_it_was(
