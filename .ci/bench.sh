@@ -34,7 +34,7 @@ BENCH_VENV="${TMPDIR:-/tmp}/kernelexec-bench-venv"
 bench_prepare() {
     local started=$SECONDS
     rm -rf "$BENCH_VENV"
-    python3 -m venv "$BENCH_VENV" || return 1
+    kx_venv "$BENCH_VENV" || return 1
     kx_install "$BENCH_VENV/bin/python" ".[bench]" || return 1
     echo "bench_prepare: fresh virtualenv with the bench extra: $((SECONDS - started)) s"
 }

@@ -12,7 +12,7 @@ gateway_install() {
       eg) pkg=jupyter-enterprise-gateway ;;
     esac
     if [ ! -x ".venv-$name/bin/python" ]; then
-      python3 -m venv ".venv-$name"
+      kx_venv ".venv-$name" || return 1
     fi
     kx_install ".venv-$name/bin/python" "$pkg" ipykernel matplotlib || return 1
   done

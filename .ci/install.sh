@@ -5,6 +5,7 @@
 #                              where it could be installed (it resolves and downloads in
 #                              parallel and compiles no bytecode: the main environment took
 #                              181 s with pip, about 60 s with uv on this machine), else pip.
+#   kx_venv DIR                a fresh virtualenv at DIR (pip in it only when there is no uv)
 #   kx_get_uv                  puts uv on PATH (from the package index, installed by the base
 #                              interpreter's pip, $KX_BASE_PYTHON, into a folder of its own);
 #                              when that fails, the current virtualenv gets pip (ensurepip)
@@ -21,6 +22,15 @@ kx_get_uv() {
     fi
     echo "install.sh: no uv; installing with pip"
     python3 -m pip --version >/dev/null 2>&1 || python3 -m ensurepip -q
+}
+
+# kx_venv DIR: a fresh virtualenv; pip only when kx_install will need it (no uv).
+kx_venv() {
+    if command -v uv >/dev/null 2>&1; then
+        python3 -m venv --without-pip "$1"
+    else
+        python3 -m venv "$1"
+    fi
 }
 
 kx_install() {

@@ -12,6 +12,11 @@ row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
 * the child's unique memory (USS) once forked, and after it wrote 64 MiB of its own: a fork's
   memory grows only with what it writes (the array's pages stay shared).
 
+With ``--gateway URL`` (token from ``$KERNELEXEC_GATEWAY_TOKEN``), a gateway session holding
+``--gateway-mib`` MiB too: its kernel process cannot be forked, so ``fork()`` goes through a
+durable snapshot (every byte through the kernel, base64 in 1 MiB messages), measured beside a
+cold start + re-run on the same gateway.
+
 Verdicts are printed lines, not assertions; the machine's load is printed with them.
 """
 
@@ -110,6 +115,34 @@ def measure(rounds: int, mib: int, kind: str = "fork-kernel") -> dict[str, Any]:
     }
 
 
+def gateway_measure(url: str, rounds: int, mib: int) -> dict[str, Any]:
+    """Fork through a snapshot to the child's first block, beside a cold start + re-run."""
+    from kernelexec.backends.gateway_kernel import GatewayKernel
+
+    via, colds = [], []
+    with TemporaryDirectory() as root, KernelExecutor(GatewayKernel(url), work_dir=root) as ex:
+        ex.execute(build(mib), timeout=300)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            child = ex.fork()
+            try:
+                result = child.execute(READ)
+                via.append(time.perf_counter() - started)
+                assert result.exit_code == 0 and child.forked_via == "snapshot", result.output
+            finally:
+                child.close()
+            started = time.perf_counter()
+            with KernelExecutor(GatewayKernel(url)) as cold:
+                cold.execute(build(mib), timeout=300)
+                assert cold.execute(READ).exit_code == 0
+            colds.append(time.perf_counter() - started)
+    return {
+        "gateway_array_mib": mib,
+        "gateway_fork_via_snapshot_p50_s": statistics.median(via),
+        "gateway_cold_start_rerun_p50_s": statistics.median(colds),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=5, help="rounds (default 5)")
@@ -121,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the session's back end, repeatable (default fork-kernel)",
     )
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--gateway", help="a gateway's URL: add the fork-via-snapshot row")
+    parser.add_argument("--gateway-mib", type=int, default=64, help="its array (default 64)")
     args = parser.parse_args(argv)
     reports = [measure(args.n, args.mib, kind) for kind in args.executor or ["fork-kernel"]]
+    if args.gateway:
+        reports[0].update(gateway_measure(args.gateway, args.n, args.gateway_mib))
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:
@@ -148,6 +185,12 @@ def _print(r: dict[str, Any]) -> None:
         f"  child USS {r['child_uss_mib']:.1f} MiB; after writing 64 MiB "
         f"{r['child_uss_after_64mib_write_mib']:.1f} MiB"
     )
+    if "gateway_array_mib" in r:
+        print(f"gateway session holding a {r['gateway_array_mib']} MiB array (p50):")
+        via = r["gateway_fork_via_snapshot_p50_s"]
+        print(f"  fork via snapshot to the child's first block {via * 1000:.0f} ms")
+        cold = r["gateway_cold_start_rerun_p50_s"]
+        print(f"  cold start + re-run the blocks {cold * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

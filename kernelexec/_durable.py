@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import importlib.util
 import json
 import os
 import shutil
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ._door import Door
-from ._errors import InvalidPath, SnapshotError
+from ._errors import InvalidPath, SnapshotError, UnsafePath
+from ._files import KernelFiles
 from ._workdir import INTERNAL_DIR
 
 MAGIC = b"KXSNAP1\n"
@@ -103,6 +105,7 @@ _IPYTHON = re.compile(r"^(_+|_i+\d*|_\d+|_oh|_ih|_dh|In|Out|exit|quit|get_ipytho
 
 
 def save(folder):
+    os.makedirs(folder, exist_ok=True)
     try:
         import cloudpickle
     except ImportError:
@@ -155,6 +158,81 @@ def load(folder, names):
 
 def version():
     return json.dumps(list(sys.version_info[:3]))
+
+
+def has_cloudpickle():
+    try:
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        return json.dumps(False)
+    return json.dumps(True)
+
+
+class _Shipped:
+    # Serves modules from source text sent by the host: the last finder on sys.meta_path, so
+    # an installed copy always wins; pickles that name cloudpickle's helpers import them here.
+    def __init__(self, sources):
+        self.sources = sources
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        if name not in self.sources:
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=self.sources[name][1])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        exec(compile(self.sources[name][0], "<kernelexec: " + name + ">", "exec"), module.__dict__)
+
+
+def ship(sources):
+    sys.meta_path.append(_Shipped(json.loads(sources)))
+    import cloudpickle  # noqa: F401
+
+    return json.dumps(True)
+
+
+def files(root):
+    # The work dir's regular files (kernelexec's own folder skipped; links never followed)
+    found = []
+    for top, dirs, names in os.walk(root):
+        rel = os.path.relpath(top, root)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d != ".kernelexec"]
+        for name in names:
+            path = os.path.join(top, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                found.append(os.path.normpath(os.path.join(rel, name)))
+    return json.dumps(found)
+
+
+def drop(folder):
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    return json.dumps(True)
+
+
+def empty(root):
+    # Everything in the work dir but kernelexec's own folder (a link removed as a link)
+    import shutil
+
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name == ".kernelexec":
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return json.dumps(True)
 """
 KERNEL_MODULE = "_kx_durable"
 
@@ -172,6 +250,21 @@ def kernel_call(call: str) -> tuple[str, str]:
 
 
 # -- host side ---------------------------------------------------------------------------------
+def cloudpickle_sources() -> str | None:
+    """cloudpickle's own modules as source text (it is pure Python), as JSON ``{module:
+    [source, is_package]}``, for a kernel that does not have it; None if the host lacks it too."""
+    spec = importlib.util.find_spec("cloudpickle")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    sources: dict[str, tuple[str, bool]] = {}
+    for file in sorted(folder.glob("*.py")):
+        package = file.name == "__init__.py"
+        name = "cloudpickle" if package else f"cloudpickle.{file.stem}"
+        sources[name] = (file.read_text(encoding="utf-8"), package)
+    return json.dumps(sources)
+
+
 def write(
     path: Path,
     key: bytes,
@@ -245,6 +338,38 @@ def _mac(key: bytes, f: Any) -> bytes:
     while chunk := f.read(_CHUNK):
         digest.update(chunk)
     return digest.digest()
+
+
+# -- a kernel on another machine: the files move through the kernel ----------------------------
+async def fetch_remote(
+    files: KernelFiles, saved: dict[str, Any], folder: str, work: list[str], mirror: Door
+) -> None:
+    """Copy a remote kernel's pickles (in ``folder``) and work dir files (``work``, as listed
+    by the kernel) into ``mirror``, a local folder ``write`` then reads as it reads a local
+    work dir. Every path the kernel names is confined to the mirror; a work file that cannot
+    be read (gone, a FIFO) is skipped, as it is on the host's own disk."""
+    for entry in saved["names"].values():
+        if entry["status"] == SAVED:
+            await _fetch_one(files, f"{folder}/{entry['file']}", mirror)
+    for rel in work:
+        if rel == INTERNAL_DIR or rel.startswith(INTERNAL_DIR + "/"):
+            continue
+        with contextlib.suppress(OSError, InvalidPath, UnsafePath):
+            await _fetch_one(files, rel, mirror)
+
+
+async def _fetch_one(files: KernelFiles, rel: str, mirror: Door) -> None:
+    with mirror.replacing(rel) as dst:
+        await files.fetch(rel, dst)
+
+
+async def send_remote(files: KernelFiles, mirror: Door) -> None:
+    """Copy every regular file of ``mirror`` (``_unpack``'s output) into the remote kernel's
+    work dir, at the same relative paths."""
+    for rel, entry in mirror.walk():
+        if entry.is_file:
+            with mirror.open_regular(rel) as (src, _):
+                await files.send(src, rel)
 
 
 class Verified:

@@ -20,6 +20,7 @@ import os
 import queue
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,7 +39,16 @@ from ._branch import (
 from ._budget import full_value
 from ._charts import kernel_setup_code
 from ._door import Door
-from ._durable import SnapshotManifest, Verified, kernel_call, snapshot_key, write
+from ._durable import (
+    SnapshotManifest,
+    Verified,
+    cloudpickle_sources,
+    fetch_remote,
+    kernel_call,
+    send_remote,
+    snapshot_key,
+    write,
+)
 from ._errors import (
     BackendUnavailable,
     ExecutionTimeout,
@@ -621,6 +631,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._fork_jobs: list[AsyncJob] = []  # submit(on_fork=True): jobs on forks of this session
         #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
         self.restored: SnapshotManifest | None = None
+        #: a fork: ``"process"`` (the kernel process forked) or ``"snapshot"`` (a fresh kernel
+        #: loaded from a durable snapshot of the parent: ``restored`` says what came back)
+        self.forked_via: str | None = None
+        self._fork_source: _ForkSource | None = None
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
         # started on a block's first use; ``_running`` is the one a block runs in now.
         self._others: dict[str, _LanguageKernel] = {}
@@ -760,16 +774,21 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor whose kernel holds this one's state (every variable, import, figure)
         and whose work dir is a copy of this one's; the two then diverge. ``fork(n=3)``: a
         list of three. The kernel process is forked copy-on-write (local and fork-server
-        kernels; ``ForkUnsupported`` elsewhere); this session is undisturbed. Refused with
-        ``SessionBusy`` while a block runs. Each fork is closed on its own."""
+        kernels); a kernel whose process cannot be forked but whose back end offers a
+        ``fresh_copy`` (gateway, provisioned) forks through a durable snapshot: a fresh kernel
+        of the same kind loaded from it, ``forked_via == "snapshot"``, its ``restored`` naming
+        what did not come back; ``ForkUnsupported`` elsewhere. This session is undisturbed.
+        Refused with ``SessionBusy`` while a block runs. Each fork is closed on its own."""
         count = 1 if n is None else n
         children = await self._forked(count)
         try:
             for child in children:
-                await child.start()
+                await child._begin_fork()
         except BaseException:
             await _close_all(children)
             raise
+        finally:
+            _drop_fork_sources(children)
         return children[0] if n is None else children
 
     async def submit(
@@ -820,6 +839,8 @@ class AsyncKernelExecutor(AsyncExecutor):
         the event loop that will drive it (the sync twin gives each its own)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
+        if self.backend.kind not in FORKABLE and self.backend.fresh_copy() is not None:
+            return await self._forks_via_snapshot(count)
         async with self._branching("fork()"):
             return await self._forks(count, lineage=self._lineage)
 
@@ -929,6 +950,38 @@ class AsyncKernelExecutor(AsyncExecutor):
         else:
             await old.shutdown()
 
+    # -- fork through a durable snapshot (a kernel whose process cannot be forked) --------------
+    async def _forks_via_snapshot(self, count: int) -> list[AsyncKernelExecutor]:
+        """``count`` new executors, each on a fresh back end of this one's kind, to be loaded
+        (by ``_begin_fork``, on the loop that drives each) from one durable snapshot of this
+        session, signed with a key made for it alone and removed once they are loaded."""
+        source = _ForkSource()
+        try:
+            await self._save_durable(source.path, source.key)
+            children: list[AsyncKernelExecutor] = []
+            for _ in range(count):
+                backend = self.backend.fresh_copy()
+                if backend is None:  # pragma: no cover - checked by the caller
+                    raise ForkUnsupported(f"a {self.backend.kind} back end cannot be copied")
+                child = self._child(backend)
+                child._fork_source = source
+                children.append(child)
+        except BaseException:
+            source.close()
+            raise
+        return children
+
+    async def _begin_fork(self) -> None:
+        """Start a fork: a process fork is connected to; a fork through a snapshot is a fresh
+        kernel the snapshot is loaded into (``restored`` says, name by name, what came back)."""
+        source, self._fork_source = self._fork_source, None
+        if source is None:
+            await self.start()
+            self.forked_via = "process"
+            return
+        self.restored = await self.restore(source.path, key=source.key)
+        self.forked_via = "snapshot"
+
     async def _take_checkpoint(self, block: PreparedBlock) -> None:
         """``checkpoint="block"``: a live snapshot after a successful block, in place of the
         last one. One that cannot be taken (no memory to fork) leaves the last one, said in
@@ -969,22 +1022,24 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _save_durable(self, path: Path, key: bytes) -> SnapshotManifest:
         async with self._durable_lock("snapshot(path=...)"):
+            await self._ensure_cloudpickle()
             folder = self._scratch()
             try:
                 saved = await self._kernel_json(f"save({self._in_kernel(folder)!r})")
-                return await asyncio.to_thread(
-                    write,
-                    path,
-                    key,
-                    saved=saved,
-                    pickles=self._door,
-                    folder=folder,
-                    work=self._door,
-                    kind=self.backend.kind,
-                    kernel_name=getattr(self.backend, "kernel_name", None),
-                )
+                async with self._durable_files(folder, saved) as door:
+                    return await asyncio.to_thread(
+                        write,
+                        path,
+                        key,
+                        saved=saved,
+                        pickles=door,
+                        folder=folder,
+                        work=door,
+                        kind=self.backend.kind,
+                        kernel_name=getattr(self.backend, "kernel_name", None),
+                    )
             finally:
-                shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                await self._drop_scratch(folder)
 
     async def _restore_durable(self, path: Path, key: bytes) -> SnapshotManifest:
         verified = await asyncio.to_thread(Verified, path, key)
@@ -994,17 +1049,69 @@ class AsyncKernelExecutor(AsyncExecutor):
                 await self._check_python(verified.manifest["python"], path)
                 if not fresh:
                     await self._replace_kernel()  # a fresh kernel, as a resume gets
+                await self._ensure_cloudpickle()
                 folder = self._scratch()
                 try:
-                    await asyncio.to_thread(_unpack, verified, self._door, folder)
+                    await self._unpack_durable(verified, folder)
                     names = json.dumps(verified.manifest["names"])
                     call = f"load({self._in_kernel(folder)!r}, {names!r})"
                     fates = await self._kernel_json(call)
                 finally:
-                    shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+                    await self._drop_scratch(folder)
                 return verified.result(path, fates)
         finally:
             verified.close()
+
+    # A kernel on another machine (gateway, provisioned) does not share the work dir: the
+    # pickles and files of a durable snapshot move through the kernel, via a local mirror.
+    @contextlib.asynccontextmanager
+    async def _durable_files(self, folder: str, saved: dict[str, Any]) -> Any:
+        """A door onto the snapshot's pickles (in ``folder``) and the work dir's files."""
+        if self.backend.shares_work_dir:
+            yield self._door
+            return
+        work = await self._kernel_json(f"files({self._in_kernel('.')!r})")
+        with (
+            tempfile.TemporaryDirectory(prefix="kernelexec-snapshot-") as mirror,
+            Door(mirror) as door,
+        ):
+            await fetch_remote(self._remote_files(), saved, folder, work, door)
+            yield door
+
+    async def _unpack_durable(self, verified: Verified, folder: str) -> None:
+        if self.backend.shares_work_dir:
+            await asyncio.to_thread(_unpack, verified, self._door, folder)
+            return
+        with (
+            tempfile.TemporaryDirectory(prefix="kernelexec-resume-") as mirror,
+            Door(mirror) as door,
+        ):
+            await asyncio.to_thread(_unpack, verified, door, folder)
+            await self._kernel_json(f"empty({self._in_kernel('.')!r})")
+            await send_remote(self._remote_files(), door)
+
+    def _remote_files(self) -> KernelFiles:
+        # No per-file cap: the data streams to disk, never whole in memory. 4 MiB messages
+        # (5.4 MiB in base64, under Tornado's 10 MiB WebSocket limit) halved a 16 MiB
+        # transfer's time against 1 MiB ones on a gateway.
+        return KernelFiles(self._evaluate, self._in_kernel("."), limit=1 << 62, chunk=4 << 20)
+
+    async def _drop_scratch(self, folder: str) -> None:
+        if self.backend.shares_work_dir:
+            shutil.rmtree(self.work_dir / folder, ignore_errors=True)
+        else:
+            with contextlib.suppress(Exception):  # a dead kernel took its folder with it
+                await self._kernel_json(f"drop({self._in_kernel(folder)!r})")
+
+    async def _ensure_cloudpickle(self) -> None:
+        """A kernel without cloudpickle (the Docker image, a gateway's kernel) gets the host's
+        copy, sent as source text: the kernel serves it from a finder of its own (see
+        ``_durable.ship``), so no package is installed anywhere."""
+        if await self._kernel_json("has_cloudpickle()"):
+            return
+        sources = cloudpickle_sources()
+        if sources is not None:
+            await self._kernel_json(f"ship({sources!r})")
 
     @contextlib.asynccontextmanager
     async def _durable_lock(self, what: str) -> Any:
@@ -1019,9 +1126,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             yield
 
     def _scratch(self) -> str:
-        """A fresh folder under kernelexec's own folder of the work dir (relative path)."""
+        """A fresh folder under kernelexec's own folder of the work dir (relative path); a
+        remote kernel makes it itself (``save``)."""
         folder = f"{INTERNAL_DIR}/snapshot-{uuid.uuid4().hex[:12]}"
-        self._door.makedirs(folder)
+        if self.backend.shares_work_dir:
+            self._door.makedirs(folder)
+            # A container user (the Docker kernel) owns the work dir, not root: it writes the
+            # pickles here, so the folder is given to the work dir's owner.
+            root = os.stat(self.work_dir)
+            if os.geteuid() == 0 and root.st_uid != 0:
+                self._door.chown(folder, root.st_uid, root.st_gid)
         return folder
 
     def _in_kernel(self, rel: str) -> str:
@@ -1091,7 +1205,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         return children
 
-    def _child(self, backend: ForkedKernel) -> AsyncKernelExecutor:
+    def _child(self, backend: KernelBackend) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         child = type(self)(
@@ -1428,6 +1542,25 @@ class AsyncKernelExecutor(AsyncExecutor):
         return result.with_changes(output=_append(result.output, note), state_lost=True)
 
 
+class _ForkSource:
+    """The durable snapshot forks are loaded from: a private temp folder, a one-off key."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
+        self.path = Path(self._dir) / "session.kx"
+        self.key = os.urandom(32)
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _drop_fork_sources(children: list[AsyncKernelExecutor]) -> None:
+    for child in children:
+        source, child._fork_source = child._fork_source, None
+        if source is not None:
+            source.close()
+
+
 def _unpack(verified: Verified, door: Door, folder: str) -> None:
     """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
     empty_work_dir(door)
@@ -1747,6 +1880,8 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
 
     #: a resumed executor: the durable snapshot's manifest (what came back, name by name)
     restored: SnapshotManifest | None = None
+    #: a fork: ``"process"`` or ``"snapshot"`` (see ``AsyncKernelExecutor.forked_via``)
+    forked_via: str | None = None
 
     @property
     def backend(self) -> KernelBackend:
@@ -1765,11 +1900,15 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
         fronts = [SyncExecutor.wrap(core) for core in cores]
         try:
             for front in fronts:
-                front.start()
+                front._call(front._core._begin_fork)
+                # the sync twin's own copies, as ``resume`` keeps ``restored``
+                vars(front).update(restored=front.aio.restored, forked_via=front.aio.forked_via)
         except BaseException:
             for front in fronts:
                 front.close()
             raise
+        finally:
+            _drop_fork_sources(cores)
         return fronts[0] if n is None else fronts
 
     def snapshot(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from .._errors import ForkUnsupported
+
 
 def setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
     """Code run silently after each (re)start: the work dir and env, whatever the server allows.
@@ -21,3 +23,14 @@ def setup_code(cwd: str | None, env: Mapping[str, str]) -> str:
         lines.append(f"_kx_os.chdir({cwd!r})")
     lines.append("del _kx_os")
     return "\n".join(lines)
+
+
+def refuse_shared_fork(kind: str, folder: object, option: str = "working_dir") -> None:
+    """A fork through a durable snapshot is a second kernel: with a fixed folder (``option``)
+    both would work in it (the fork's restore would empty the parent's files), so refuse."""
+    if folder is not None:
+        raise ForkUnsupported(
+            f"this {kind} back end works in the fixed folder {folder}: a fork would share"
+            f" it with this session; fork a session made with {option}=None (each kernel in"
+            " its executor's own work dir)"
+        )

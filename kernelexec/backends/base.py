@@ -191,3 +191,9 @@ class KernelBackend(ABC):
     @abstractmethod
     async def shutdown(self) -> None:
         """Stop the kernel and release everything ``start`` created. Safe to call twice."""
+
+    def fresh_copy(self) -> KernelBackend | None:
+        """A new, unstarted back end like this one (same server, kernelspec, options), for a
+        fork made through a durable snapshot when the kernel process cannot be forked (see
+        ``AsyncKernelExecutor.fork``). None: this back end offers no such copy."""
+        return None

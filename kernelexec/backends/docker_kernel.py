@@ -30,6 +30,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from ._docker_relay import RELAY_SCRIPT, Relay
 from ._iopub import receive_batch, receive_one
 from ._owner import ALIAS_PREFIX, OWNER_FILE, mark_folder
 from ._ready import start_channels
+from ._remote import refuse_shared_fork
 from .base import KernelBackend, KernelClientLike
 
 RUNTIME = "/run/kernelexec"
@@ -238,6 +240,13 @@ class DockerKernel(KernelBackend):
     @property
     def workspace(self) -> str:
         return WORKSPACE
+
+    def fresh_copy(self) -> DockerKernel:
+        """Another container from the same options (a fork made through a durable snapshot:
+        a kernel in a container is not forked as a process); a fixed ``container_name`` is
+        left to the engine (two containers cannot share one)."""
+        refuse_shared_fork(self.kind, self.options.bind_dir, "bind_dir")
+        return DockerKernel(options=replace(self.options, container_name=None))
 
     @property
     def container(self) -> Any:

@@ -35,6 +35,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from .._errors import GatewayAuthError, GatewayUnavailable, KernelStartFailed
 from ._gateway_channels import GatewayChannels
 from ._gateway_errors import NotFound, translate_errors
+from ._remote import refuse_shared_fork
 from ._remote import setup_code as _setup_code
 from .base import KernelBackend
 
@@ -98,6 +99,17 @@ class GatewayKernel(KernelBackend):
     @property
     def workspace(self) -> str | None:
         return self.working_dir
+
+    def fresh_copy(self) -> GatewayKernel:
+        """Another kernel on the same gateway (a fork made through a durable snapshot)."""
+        refuse_shared_fork(self.kind, self.working_dir)
+        return GatewayKernel(
+            self.url,
+            token=self.token,
+            kernel_name=self.kernel_name,
+            username=self.username,
+            options=self.options,
+        )
 
     @property
     def runs_other_kernels(self) -> bool:

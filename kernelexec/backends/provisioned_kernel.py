@@ -44,7 +44,7 @@ from .._sync import Portal
 from ._iopub import BatchingClient
 from ._owner import LAUNCHER_LOG_PREFIX, OWNER_ENV, OWNER_LINE, owner_line, this_process
 from ._ready import start_channels
-from ._remote import setup_code
+from ._remote import refuse_shared_fork, setup_code
 from .base import KernelBackend, KernelClientLike
 
 log = logging.getLogger("kernelexec.provisioned")
@@ -262,6 +262,16 @@ class ProvisionedKernel(KernelBackend):
     @property
     def workspace(self) -> str | None:
         return self._cwd or self.working_dir
+
+    def fresh_copy(self) -> ProvisionedKernel:
+        """Another kernel from the same kernelspec (a fork made through a durable snapshot)."""
+        refuse_shared_fork(self.kind, self.working_dir)
+        return ProvisionedKernel(
+            self.kernel_name,
+            username=self.username,
+            options=self.options,
+            kernel_spec_manager=self._specs,
+        )
 
     @property
     def client(self) -> KernelClientLike:

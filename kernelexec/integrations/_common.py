@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .._errors import ForkUnsupported
 from .._registry import EXECUTOR_NAMES, EXECUTORS, make_async_executor, make_executor
 
 #: executor names the adapters accept for ``kind=``
@@ -98,3 +99,15 @@ def quiet_pip(code: str, python: bool) -> str:
         if match and "-qqq" not in line:
             lines[i] = f"{match.group(0)} -qqq{line[match.end() :]}"
     return "\n".join(lines)
+
+
+def branching(executor: Any, what: str) -> Any:
+    """The executor's ``fork`` / ``snapshot`` / ``restore`` method: a command executor, which
+    keeps no state between blocks, has none (``ForkUnsupported``)."""
+    method = getattr(executor, what, None)
+    if method is None:
+        raise ForkUnsupported(
+            f"{what}() needs a kernel executor (its state is what is forked or saved): a"
+            " command executor keeps no state between blocks"
+        )
+    return method

@@ -46,6 +46,7 @@ from .._types import ExecutionResult
 from .._workdir import filename_from_code, resolve_inside
 from ._common import (
     as_peers_do,
+    branching,
     docker_peer_options,
     make_executor,
     missing_framework,
@@ -279,6 +280,31 @@ class AG2CodeExecutor:
     def restart(self) -> None:
         """Called by AG2 when the agent is reset: for a kernel, a fresh one."""
         self.executor.restart()
+
+    # AG2's CodeExecutor protocol has no place for these: they are kernelexec's own, for an
+    # agent that branches (give each fork to its own ConversableAgent as code_execution_config).
+    def fork(self, n: int | None = None) -> Any:
+        """A new ``AG2CodeExecutor`` (``n``: a list of that many) whose kernel holds this one's
+        state and whose work dir is a copy (``KernelExecutor.fork``); each is closed by its
+        own ``close()``. A command executor has no state to fork: ``ForkUnsupported``."""
+        forked = branching(self.executor, "fork")(n)
+        children = [self._adopt(child) for child in (forked if n is not None else [forked])]
+        return children if n is not None else children[0]
+
+    def _adopt(self, executor: SyncExecutor[Any]) -> AG2CodeExecutor:
+        child = AG2CodeExecutor(
+            executor, execution_policies=self.execution_policies, sanitize=self.sanitize
+        )
+        child._owned = True  # a fork is the adapter's own, whoever made the parent
+        return child
+
+    def snapshot(self, path: str | Path | None = None, *, key: Any = None) -> Any:
+        """``KernelExecutor.snapshot``: a live snapshot, or with ``path`` a durable one."""
+        return branching(self.executor, "snapshot")(path, key=key)
+
+    def restore(self, snapshot: Any, *, key: Any = None) -> Any:
+        """``KernelExecutor.restore``: a live snapshot made current, or a durable one loaded."""
+        return branching(self.executor, "restore")(snapshot, key=key)
 
     def close(self) -> None:
         """Close the executor if this adapter built it."""

@@ -58,6 +58,7 @@ from .._types import ExecutionResult
 from ..backends._docker_options import WORKSPACE
 from ._common import (
     as_peers_do,
+    branching,
     docker_peer_options,
     make_async_executor,
     missing_framework,
@@ -365,6 +366,39 @@ class KernelExecCodeExecutor(CodeExecutor, Component[KernelExecCodeExecutorConfi
     async def restart(self) -> None:
         await self._executor.restart()
         self._functions_ready = not self._functions  # a kernel lost the names it had
+
+    # AutoGen's CodeExecutor has start / stop / restart and no place for these: they are
+    # kernelexec's own, for an agent that branches (each fork to its own CodeExecutorAgent).
+    async def fork(self, n: int | None = None) -> Any:
+        """A new, started ``KernelExecCodeExecutor`` (``n``: a list of that many) whose kernel
+        holds this one's state (the functions loaded included) and whose work dir is a copy
+        (``AsyncKernelExecutor.fork``); each is closed by its own ``stop()``. A command
+        executor has no state to fork: ``ForkUnsupported``."""
+        forked = await branching(self._executor, "fork")(n)
+        children = [self._adopt(child) for child in (forked if n is not None else [forked])]
+        return children if n is not None else children[0]
+
+    def _adopt(self, executor: AsyncExecutor) -> KernelExecCodeExecutor:
+        child = KernelExecCodeExecutor(
+            executor,
+            cleanup_temp_files=self._config.cleanup_temp_files,
+            raise_on_timeout=self._config.raise_on_timeout,
+            functions=self._functions,
+            functions_module=self._functions_module,
+        )
+        # started, the adapter's own, its functions loaded if this one's were (they are state)
+        child._owned, child._started = True, True
+        child._functions_ready = self._functions_ready
+        return child
+
+    async def snapshot(self, path: str | Path | None = None, *, key: Any = None) -> Any:
+        """``AsyncKernelExecutor.snapshot``: a live snapshot, or with ``path`` a durable one."""
+        return await branching(self._executor, "snapshot")(path, key=key)
+
+    async def restore(self, snapshot: Any, *, key: Any = None) -> Any:
+        """``AsyncKernelExecutor.restore``: a live snapshot made current, or a durable one
+        loaded into a fresh kernel."""
+        return await branching(self._executor, "restore")(snapshot, key=key)
 
     def _build(self) -> AsyncExecutor:
         options: dict[str, Any] = {"timeout": self._config.timeout, **(self._config.options or {})}

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 from typing import Any
 
 from .._executor import SyncExecutor
 from .._types import ExecutionResult, NbOutput
-from ._common import make_executor, missing_framework
+from ._common import branching, make_executor, missing_framework
 
 try:
     from smolagents.monitoring import AgentLogger, LogLevel
@@ -101,6 +102,33 @@ class KernelExecPythonExecutor(RemotePythonExecutor):  # type: ignore[misc]
             result = self.executor.execute(f"%pip install -q {names}")
             self.logger.log(result.output, level=LogLevel.DEBUG)
         return additional_imports
+
+    # smolagents has no place for these (an agent gets one executor): they are kernelexec's
+    # own, for tree search: ``CodeAgent(..., executor=executor.fork())`` per branch.
+    def fork(self, n: int | None = None) -> Any:
+        """A new ``KernelExecPythonExecutor`` (``n``: a list of that many) whose kernel holds
+        this one's state (the tools and variables sent, the packages installed) and whose work
+        dir is a copy (``KernelExecutor.fork``); each is closed by its own ``cleanup()``."""
+        forked = branching(self.executor, "fork")(n)
+        children = [self._adopt(child) for child in (forked if n is not None else [forked])]
+        return children if n is not None else children[0]
+
+    def _adopt(self, executor: SyncExecutor[Any]) -> KernelExecPythonExecutor:
+        child = KernelExecPythonExecutor(
+            logger=self.logger, executor=executor, allow_pickle=self.allow_pickle
+        )
+        # installed in the parent's kernel, so in the fork's too: not installed again
+        child.additional_imports = list(self.additional_imports)
+        child.installed_packages = list(self.installed_packages)
+        return child
+
+    def snapshot(self, path: str | Path | None = None, *, key: Any = None) -> Any:
+        """``KernelExecutor.snapshot``: a live snapshot, or with ``path`` a durable one."""
+        return branching(self.executor, "snapshot")(path, key=key)
+
+    def restore(self, snapshot: Any, *, key: Any = None) -> Any:
+        """``KernelExecutor.restore``: a live snapshot made current, or a durable one loaded."""
+        return branching(self.executor, "restore")(snapshot, key=key)
 
     def cleanup(self) -> None:
         """Stop the kernel (``CodeAgent.cleanup`` and ``with CodeAgent(...)`` call this)."""
