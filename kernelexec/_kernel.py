@@ -1194,7 +1194,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         try:
             for _ in range(count):
                 backend = self._forked_backend()
-                child = self._child(backend)
+                child = self._child(backend, work_dir=backend.work_home)
                 child._lineage = lineage
                 children.append(child)
                 await asyncio.to_thread(copy_work_dir, self._door, child._door, owner=backend.owner)
@@ -1205,12 +1205,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         return children
 
-    def _child(self, backend: KernelBackend) -> AsyncKernelExecutor:
-        """A new executor like this one (same options, own work dir) for a forked kernel."""
+    def _child(
+        self, backend: KernelBackend, *, work_dir: Path | None = None
+    ) -> AsyncKernelExecutor:
+        """A new executor like this one (same options, own work dir) for a forked kernel;
+        ``work_dir`` is the folder a process fork's back end made for it (None: a new one, as a
+        fork through a snapshot onto a fresh back end has no such folder)."""
         options = self.options
         child = type(self)(
             backend,
-            work_dir=backend.work_home,
+            work_dir=work_dir,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
