@@ -1208,9 +1208,11 @@ class AsyncKernelExecutor(AsyncExecutor):
     def _child(self, backend: KernelBackend) -> AsyncKernelExecutor:
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
+        # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
+        home = backend.work_home if isinstance(backend, ForkedKernel) else None
         child = type(self)(
             backend,
-            work_dir=backend.work_home,
+            work_dir=home,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
