@@ -51,15 +51,15 @@ from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
 from ._docker_options import DockerOptions as DockerOptions
 from ._docker_options import merge_options as merge_options
+from ._docker_relay import RELAY_SCRIPT, Relay
 from ._egress import (
     DNS_TRAP,
-    EGRESS_RELAY_SCRIPT,
     PROXY_PORT,
     RELAY_USER,
     Egress,
-    EgressRelay,
     host_index,
     proxy_environment,
+    relay_refusal,
 )
 from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
 
@@ -558,12 +558,19 @@ class ContainerHandle:
         from docker.utils.socket import frames_iter
 
         limit = str(self.egress.policy.max_connections * 2)
-        argv = ["python3", "-I", "-S", "-c", EGRESS_RELAY_SCRIPT, str(PROXY_PORT), limit]
+        argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT, str(PROXY_PORT), limit]
         # Never the code's own uid: the code must not be able to signal or trace the relay.
         code_uid = self.options.resolved_user().partition(":")[0]
         user = RELAY_USER if code_uid != RELAY_USER.partition(":")[0] else "65532:65532"
         _, stream = _exec_start(self._api(), container.id, argv, {}, True, user=user)
-        relay = EgressRelay(stream, frames_iter, self.egress.connect, self.egress.dns_refused)
+        relay = Relay(
+            {},
+            stream,
+            frames_iter,
+            connect=self.egress.connect,
+            on_dns=self.egress.dns_refused,
+            refusal=relay_refusal(),
+        )
         self.egress.add_relay(container.id, relay)
         if not relay.wait_listening(30):
             raise DockerUnavailable("the container's egress relay did not start listening")

@@ -5,10 +5,10 @@ and plain HTTP forwarding, asyncio on a loop thread of its own) listens on a uni
 private folder; the code reaches it on ``127.0.0.1:PROXY_PORT`` inside, where a small relay
 carries each connection across:
 
-* Docker (runc and gVisor alike): ``EGRESS_RELAY_SCRIPT`` runs in the container through one
+* Docker (runc and gVisor alike): ``_docker_relay``'s relay runs in the container through one
   ``docker exec`` as a uid of its own (``RELAY_USER``: the block's ``kill -1`` and the kernel's
   reaper cannot touch it), listens on the loopback port and multiplexes its connections over
-  the exec's stdin/stdout, the frames of ``_docker_relay``; ``EgressRelay`` is the host side.
+  the exec's stdin/stdout; its host side hands each to ``Egress.connect``.
   gVisor connects to no host unix socket (``--host-uds`` is off), so one transport serves both.
 * bubblewrap: the proxy's socket is bound into the sandbox and ``SOCKET_RELAY_SCRIPT`` runs
   inside, relaying the loopback port to it.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import shutil
@@ -34,15 +33,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from .._network import Address, NetworkPolicy, normalize_name, parse_address
 from .._types import NetworkEvent
-from ._docker_relay import CLOSE, DATA, HEADER, OPEN
+from ._docker_relay import Relay
 
 log = logging.getLogger("kernelexec.egress")
 
@@ -55,12 +53,6 @@ MAX_HEAD = 64 * 1024
 #: seconds a client may take to send its request head
 HEAD_TIMEOUT = 30.0
 _CHUNK = 65536
-#: the connection id the in-container relay's "listening" frame carries
-_READY = 0
-#: the frame kind that reports a DNS query the container's resolver stub refused
-DNS = 4
-#: a barrier: the relay echoes it, so every frame it sent before has reached the host
-SYNC = 5
 #: where a container's resolver points under a policy: the relay's DNS trap
 DNS_TRAP = "127.0.0.1"
 _NO_DNS = (
@@ -536,7 +528,7 @@ class Egress:
         self._lock = threading.Lock()
         self._proxy = EgressProxy(policy, self.socket_path, self.log)
         self._proxy.start()
-        self._relays: dict[str, EgressRelay] = {}
+        self._relays: dict[str, Relay] = {}
         self.restarts = 0
 
     @property
@@ -609,7 +601,7 @@ class Egress:
                 relay.sync(_SYNC_TIMEOUT)
         return self.log.take()
 
-    def add_relay(self, key: str, relay: EgressRelay) -> None:
+    def add_relay(self, key: str, relay: Relay) -> None:
         with self._lock:
             old = self._relays.pop(key, None)
             self._relays[key] = relay
@@ -634,6 +626,16 @@ class Egress:
 _SYNC_TIMEOUT = 5.0  # seconds a block's result waits for its relay's frames, at most
 
 
+def relay_refusal() -> bytes:
+    """What the code's client reads when its connection finds the proxy down."""
+    body = f"kernelexec: {_PROXY_DOWN}\n".encode()
+    return (
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
 def _down_record() -> _Record:
     return _Record(
         host="(proxy)",
@@ -643,278 +645,6 @@ def _down_record() -> _Record:
         reason=_PROXY_DOWN,
         ended=time.time(),
     )
-
-
-# -- the Docker relay: the container's loopback port to the proxy, over one exec ----------------
-# Runs in the container (``python3 -I -S -c EGRESS_RELAY_SCRIPT PORT MAX``) as RELAY_USER: listens
-# on the loopback port and carries each connection over stdin/stdout (frames as _docker_relay's).
-EGRESS_RELAY_SCRIPT = r"""
-import os, socket, struct, sys, threading
-HEADER = struct.Struct(">IBI")
-OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
-out_lock = threading.Lock()
-lock = threading.Lock()
-conns = {}
-limit = int(sys.argv[2])
-
-def send(cid, kind, data=b""):
-    view = memoryview(HEADER.pack(cid, kind, len(data)) + data)
-    with out_lock:
-        while view:
-            view = view[os.write(1, view):]
-
-def pump(cid, conn):
-    try:
-        while True:
-            data = conn.recv(65536)
-            if not data:
-                break
-            send(cid, DATA, data)
-    except OSError:
-        pass
-    with lock:
-        gone = conns.pop(cid, None) is None
-    if not gone:
-        send(cid, CLOSE)
-    conn.close()
-
-def accept(listener):
-    cid = 0
-    while True:
-        conn, _ = listener.accept()
-        with lock:
-            full = len(conns) >= limit
-        if full:  # bounded here too: the host never sees the excess
-            conn.close()
-            continue
-        cid += 1
-        with lock:
-            conns[cid] = conn
-        send(cid, OPEN)
-        threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
-
-def read_exact(size):
-    chunks = []
-    while size:
-        data = os.read(0, size)
-        if not data:
-            return None
-        chunks.append(data)
-        size -= len(data)
-    return b"".join(chunks)
-
-def dns_trap(trap):
-    # The container's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
-    # here and its name told to the host, which logs it.
-    while True:
-        data, peer = trap.recvfrom(4096)
-        pos, labels = 12, []
-        try:
-            while data[pos]:
-                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
-                pos += 1 + data[pos]
-            question = data[12:pos + 5]
-        except IndexError:
-            continue
-        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
-        send(0, DNS, ".".join(labels)[:253].encode())  # told before answered: see SYNC
-        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
-
-listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-listener.bind(("127.0.0.1", int(sys.argv[1])))
-listener.listen(128)
-trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-trap.bind(("127.0.0.1", 53))
-threading.Thread(target=accept, args=(listener,), daemon=True).start()
-threading.Thread(target=dns_trap, args=(trap,), daemon=True).start()
-send(0, OPEN)  # listening
-while True:
-    head = read_exact(HEADER.size)
-    if head is None:
-        os._exit(0)
-    cid, kind, size = HEADER.unpack(head)
-    data = read_exact(size) if size else b""
-    if data is None:
-        os._exit(0)
-    if kind == SYNC:
-        send(cid, SYNC)
-        continue
-    with lock:
-        conn = conns.get(cid)
-        if kind == CLOSE:
-            conns.pop(cid, None)
-    if conn is None:
-        continue
-    try:
-        if kind == DATA:
-            conn.sendall(data)
-        elif kind == CLOSE:
-            conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-"""
-
-
-class EgressRelay:
-    """The host side of ``EGRESS_RELAY_SCRIPT``: each connection the container opens becomes a
-    connection to the proxy (``connect``; None refuses it with a 502 saying why)."""
-
-    def __init__(
-        self,
-        stream: Any,
-        frames: Any,
-        connect: Callable[[], socket.socket | None],
-        on_dns: Callable[[str], None],
-    ) -> None:
-        self._stream = stream
-        self._on_dns = on_dns
-        self._raw: socket.socket = getattr(stream, "_sock", stream)
-        self._frames = frames
-        self._connect = connect
-        self._write_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._conns: dict[int, socket.socket] = {}
-        self._closed = False
-        self._listening = threading.Event()
-        self._synced: dict[int, threading.Event] = {}
-        self._sync_ids = itertools.count(1)
-        self._thread = threading.Thread(target=self._demux, daemon=True, name="kernelexec-egress")
-        self._thread.start()
-
-    def wait_listening(self, timeout: float) -> bool:
-        return self._listening.wait(timeout)
-
-    def sync(self, timeout: float) -> bool:
-        """Wait until every frame the relay sent so far has been delivered here: a block's DNS
-        queries travel over this stream, not the kernel's, and its result must not be read
-        before they are logged. True once the relay's echo came back."""
-        token = next(self._sync_ids)
-        done = self._synced[token] = threading.Event()
-        try:
-            return self._send(token, SYNC) and done.wait(timeout)
-        finally:
-            self._synced.pop(token, None)
-
-    @property
-    def alive(self) -> bool:
-        return not self._closed
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            _close(conn)
-        with contextlib.suppress(OSError):
-            self._raw.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._stream.close()
-        with contextlib.suppress(OSError):
-            self._raw.close()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def _demux(self) -> None:
-        buffer = bytearray()
-        try:
-            for stream, data in self._frames(self._stream, False):
-                if stream != 1:
-                    log.debug("kernelexec egress relay (container): %r", data[:500])
-                    continue
-                buffer += data
-                while len(buffer) >= HEADER.size:
-                    cid, kind, size = HEADER.unpack_from(buffer)
-                    if len(buffer) < HEADER.size + size:
-                        break
-                    payload = bytes(buffer[HEADER.size : HEADER.size + size])
-                    del buffer[: HEADER.size + size]
-                    self._deliver(cid, kind, payload)
-        except (OSError, ValueError):
-            pass
-        with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            _close(conn)
-
-    def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
-        if kind == SYNC:
-            done = self._synced.get(cid)
-            if done is not None:
-                done.set()
-            return
-        if kind == DNS:
-            self._on_dns(payload.decode("ascii", "replace"))
-            return
-        if kind == OPEN:
-            if cid == _READY:
-                self._listening.set()
-                return
-            self._open(cid)
-            return
-        with self._lock:
-            conn = self._conns.get(cid)
-        if conn is None:
-            return
-        if kind == DATA:
-            try:
-                conn.sendall(payload)
-                return
-            except OSError:
-                pass
-        with self._lock:
-            self._conns.pop(cid, None)
-        _close(conn)  # the code's client went away (CLOSE), or the proxy did
-        if kind != CLOSE:
-            self._send(cid, CLOSE)
-
-    def _open(self, cid: int) -> None:
-        conn = self._connect()
-        if conn is None:
-            body = f"kernelexec: {_PROXY_DOWN}\n".encode()
-            reply = (
-                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            self._send(cid, DATA, reply)
-            self._send(cid, CLOSE)
-            return
-        with self._lock:
-            if self._closed:
-                _close(conn)
-                return
-            self._conns[cid] = conn
-        threading.Thread(target=self._pump, args=(cid, conn), daemon=True).start()
-
-    def _pump(self, cid: int, conn: socket.socket) -> None:
-        """Proxy -> container, until the proxy closes."""
-        try:
-            while data := conn.recv(_CHUNK):
-                if not self._send(cid, DATA, data):
-                    break
-        except OSError:
-            pass
-        with self._lock:
-            mine = self._conns.pop(cid, None) is not None
-        _close(conn)
-        if mine:
-            self._send(cid, CLOSE)
-
-    def _send(self, cid: int, kind: int, payload: bytes = b"") -> bool:
-        try:
-            with self._write_lock:
-                self._raw.sendall(HEADER.pack(cid, kind, len(payload)) + payload)
-        except OSError:
-            return False
-        return True
-
-
-def _close(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
-    conn.close()
 
 
 # -- bubblewrap: the sandbox's loopback port to the proxy's socket bound inside ------------------

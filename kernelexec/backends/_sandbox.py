@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import BackendUnavailable, InvalidNetworkPolicy
-from .._network import NetworkPolicy, check_network
+from .._network import NetworkPolicy, NetworkSetting, check_network
 
 #: Paths hidden by default: where credentials usually live.
 DEFAULT_HIDE = (
@@ -66,7 +66,7 @@ _DROP = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class SandboxOptions:
+class SandboxOptions(NetworkSetting):
     """How a local back end is sandboxed (``sandbox=True`` means these defaults).
 
     ``readable``: host paths shown read-only although under a hidden place (a package folder
@@ -95,17 +95,6 @@ class SandboxOptions:
             )
         if self.host_uid <= 0 or self.host_gid <= 0:
             raise ValueError("host_uid and host_gid must name an unprivileged user (not 0)")
-
-    @property
-    def full_network(self) -> bool:
-        """Whether the sandbox shares the host's network (``network="all"``)."""
-        return check_network(self.network) == "all"
-
-    @property
-    def egress_policy(self) -> NetworkPolicy | None:
-        """The allowlist the egress proxy enforces, when ``network`` is one."""
-        mode = check_network(self.network)
-        return mode if isinstance(mode, NetworkPolicy) else None
 
 
 def sandbox_options(value: bool | SandboxOptions | None) -> SandboxOptions | None:
