@@ -33,14 +33,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .._errors import BackendUnavailable
 from .._network import Address, NetworkPolicy, normalize_name, parse_address
 from .._types import NetworkEvent
 from ._docker_relay import Relay
+from ._wheels import WheelCache
 
 log = logging.getLogger("kernelexec.egress")
 
@@ -73,7 +75,10 @@ def sandbox_environment(egress: Egress, env: Mapping[str, str]) -> dict[str, str
     proxy = proxy_environment(egress.policy)
     del proxy["PIP_USER"]
     site = f"/tmp/{egress.folder.name}-site"
-    path = [site, *filter(None, [env.get("PYTHONPATH")])]
+    # the session's packages= (installed at its start, read-only to the code) after the
+    # block's own installs, so a block may still install another version for itself
+    session = [str(egress.site)] if egress.policy.packages else []
+    path = [site, *session, *filter(None, [env.get("PYTHONPATH")])]
     return {**env, **proxy, "PIP_TARGET": site, "PYTHONPATH": os.pathsep.join(path)}
 
 
@@ -525,6 +530,13 @@ class Egress:
             # anything in the folder (root's, 0711).
             os.chmod(self.folder, 0o711)
         self.socket_path = self.folder / "proxy.sock"
+        #: the session's wheelhouse (read-only inside; see ``_wheels``) and, in a sandbox, the
+        #: site its ``packages=`` are installed into (read-only for the code too)
+        self.wheels = self.folder / "wheels"
+        self.site = self.folder / "site"
+        if policy.packages:
+            self.wheels.mkdir(mode=0o755)
+            os.chmod(self.wheels, 0o755)
         self._lock = threading.Lock()
         self._proxy = EgressProxy(policy, self.socket_path, self.log)
         self._proxy.start()
@@ -624,6 +636,34 @@ class Egress:
 
 
 _SYNC_TIMEOUT = 5.0  # seconds a block's result waits for its relay's frames, at most
+
+
+#: ``run(pip install arguments) -> (exit status, output)``: pip run where the packages go
+PipRun = Callable[[list[str]], tuple[int, str]]
+
+
+def install_packages(egress: Egress, run: PipRun, wheels_inside: str) -> None:
+    """Install the policy's packages with ``run``: from the host's wheel cache alone when it has
+    them (no network at all), else after the host filled the cache, the index's hosts allowed
+    for this step only (no code of the session runs yet). ``wheels_inside``: where ``run`` sees
+    the session's wheelhouse. ``BackendUnavailable`` with pip's words when it fails."""
+    specs = list(egress.policy.packages)
+    cache = WheelCache.open()
+    if cache is not None and cache.wheelhouse(egress.wheels):
+        code, _ = run(["--no-index", "--find-links", wheels_inside, "--", *specs])
+        if code == 0:
+            return
+    url, hosts = host_index()
+    if cache is not None and cache.fill(specs, url):
+        cache.wheelhouse(egress.wheels)
+    links = ["--find-links", wheels_inside] if cache is not None else []
+    with egress.widened(hosts):
+        code, output = run(["--index-url", url, *links, "--", *specs])
+    if code != 0:
+        raise BackendUnavailable(
+            f"installing the packages {specs} from {url} failed "
+            f"(pip exit status {code}):\n{output[-3000:]}"
+        )
 
 
 def relay_refusal() -> bytes:

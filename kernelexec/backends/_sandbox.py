@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import BackendUnavailable, InvalidNetworkPolicy
+from .._errors import BackendUnavailable
 from .._network import NetworkPolicy, NetworkSetting, check_network
 
 #: Paths hidden by default: where credentials usually live.
@@ -87,12 +87,7 @@ class SandboxOptions(NetworkSetting):
     host_gid: int = NOBODY
 
     def __post_init__(self) -> None:
-        mode = check_network(self.network)
-        if isinstance(mode, NetworkPolicy) and mode.packages:
-            raise InvalidNetworkPolicy(
-                "NetworkPolicy(packages=...) installs at a Docker session's start; a sandbox "
-                "does not yet (pip install inside a block works when the index is allowed)"
-            )
+        check_network(self.network)
         if self.host_uid <= 0 or self.host_gid <= 0:
             raise ValueError("host_uid and host_gid must name an unprivileged user (not 0)")
 
