@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,12 +39,32 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         yield ports[0]
 
 
-@pytest.fixture
-def cache(tmp_path: Path, index: int, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KERNELEXEC_WHEEL_CACHE", str(root))
-    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{index}/simple")
-    return root
+@pytest.fixture(scope="module")
+def filled(index: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any]]:
+    """(the cache, the first block's result) after a first session, from an empty cache."""
+    root = tmp_path_factory.mktemp("wheels")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERNELEXEC_WHEEL_CACHE", str(root / "cache"))
+        patch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{index}/simple")
+        with _session("sandboxed-command", root / "one", index) as ex:
+            first = ex.execute(USE)
+        yield root / "cache", first
+
+
+@pytest.fixture(scope="module")
+def second(filled: tuple[Path, Any], index: int, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A second session (a kernel) over the filled cache, links planted in its work dir."""
+    root = tmp_path_factory.mktemp("second")
+    outside, work = root / "outside", root / "work"
+    outside.mkdir()
+    work.mkdir()
+    # Names the install might use, pointing at a host folder and at the cache
+    for name in ("wheels", "site", "kernelexec-wheels", ".kernelexec"):
+        (work / name).symlink_to(outside)
+    (work / "cache").symlink_to(filled[0])
+    with _session("sandboxed-kernel", work, index) as ex:
+        ex.outside = outside
+        yield ex
 
 
 def _session(kind: str, work: Path, index: int) -> Any:
@@ -55,84 +76,73 @@ def _index_used(result: Any, index: int) -> bool:
     return any(e.allowed and e.port == index for e in result.network_log)
 
 
-@pytest.mark.parametrize("kind", ["sandboxed-command", "sandboxed-kernel"])
-def test_packages_install_in_a_sandbox_and_a_second_session_uses_the_cache(
-    kind: str, cache: Path, index: int, tmp_path: Path
+def _entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir())
+
+
+CACHED = sorted([".lock", "MANIFEST.json", f"{PACKAGE}-1.0-py3-none-any.whl"])
+
+
+def test_a_first_session_installs_its_packages_and_fills_the_cache(
+    filled: tuple[Path, Any], index: int
 ) -> None:
-    with _session(kind, tmp_path / "one", index) as ex:
-        first = ex.execute(USE)
-        assert "answer 42" in first.output, first.output
-        assert _index_used(first, index), first.network_log  # the install's own fallback
+    cache, first = filled
+    assert "answer 42" in first.output, first.output
+    assert _index_used(first, index), first.network_log  # nothing cached: the index, via proxy
+    assert _entries(cache) == CACHED
     manifest = json.loads((cache / "MANIFEST.json").read_text())
     assert list(manifest) == [f"{PACKAGE}-1.0-py3-none-any.whl"]
-    with _session(kind, tmp_path / "two", index) as ex:
-        second = ex.execute(USE)
-        assert "answer 42" in second.output, second.output
-        # from the cache alone: the index was not asked at all
-        assert not _index_used(second, index), second.network_log
-        again = ex.execute(USE)  # every block of the session has them
-        assert "answer 42" in again.output, again.output
+
+
+def test_a_second_session_installs_from_the_cache_alone(second: Any, index: int) -> None:
+    result = second.execute(USE)
+    assert "answer 42" in result.output, result.output
+    assert not _index_used(result, index), result.network_log  # the index was not asked
 
 
 def test_the_code_cannot_write_the_cache_the_wheelhouse_or_the_site(
-    cache: Path, index: int, tmp_path: Path
+    second: Any, filled: tuple[Path, Any]
 ) -> None:
-    with _session("sandboxed-command", tmp_path / "work", index) as ex:
-        egress = ex.aio.backend._egress.get()
-        places = [cache, egress.wheels, egress.site]
-        attack = (
-            "import os, sys\n"
-            f"for folder in {[str(p) for p in places]!r}:\n"
-            "    for name in ['planted.whl', 'MANIFEST.json', 'kxegressdemo.py']:\n"
-            "        try:\n"
-            "            with open(os.path.join(folder, name), 'w') as f: f.write('x')\n"
-            "            print('WROTE', folder, name)\n"
-            "        except OSError as exc:\n"
-            "            print('refused', folder, exc.strerror)\n"
-            "    try:\n"
-            "        for name in os.listdir(folder): os.unlink(os.path.join(folder, name))\n"
-            "        print('EMPTIED', folder)\n"
-            "    except OSError as exc:\n"
-            "        print('refused', folder, exc.strerror)\n"
-        )
-        result = ex.execute(attack + USE)
-        assert "WROTE" not in result.output and "EMPTIED" not in result.output, result.output
-        assert "answer 42" in result.output, result.output
-    assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [".lock", "MANIFEST.json", f"{PACKAGE}-1.0-py3-none-any.whl"]
+    egress = second.aio.backend._egress.get()
+    places = [filled[0], egress.wheels, egress.site]
+    attack = (
+        "import os, sys\n"
+        f"for folder in {[str(p) for p in places]!r}:\n"
+        "    for name in ['planted.whl', 'MANIFEST.json', 'kxegressdemo.py']:\n"
+        "        try:\n"
+        "            with open(os.path.join(folder, name), 'w') as f: f.write('x')\n"
+        "            print('WROTE', folder, name)\n"
+        "        except OSError as exc:\n"
+        "            print('refused', folder, exc.strerror)\n"
+        "    try:\n"
+        "        for name in os.listdir(folder): os.unlink(os.path.join(folder, name))\n"
+        "        print('EMPTIED', folder)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', folder, exc.strerror)\n"
     )
+    result = second.execute(attack + USE)
+    assert "WROTE" not in result.output and "EMPTIED" not in result.output, result.output
+    assert "answer 42" in result.output, result.output
+    assert _entries(filled[0]) == CACHED
 
 
 def test_planted_links_in_the_work_dir_do_not_send_the_host_elsewhere(
-    cache: Path, index: int, tmp_path: Path
+    second: Any, filled: tuple[Path, Any]
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    # Every name the install might use, pointing at the cache and at a host folder
-    for name in ("wheels", "site", "kernelexec-wheels", ".kernelexec"):
-        (work / name).symlink_to(outside)
-    (work / "cache").symlink_to(cache.parent)
-    with _session("sandboxed-command", work, index) as ex:
-        plant = (
-            "import os\n"
-            f"os.symlink({str(outside)!r}, {str(tmp_path / 'work' / 'more')!r})\n"
-            "for n in ('pip', 'tmp'):\n"
-            f"    os.symlink({str(outside)!r}, n)\n"
-        )
-        assert "answer 42" in ex.execute(plant + USE).output
-    assert list(outside.iterdir()) == []
-    assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [".lock", "MANIFEST.json", f"{PACKAGE}-1.0-py3-none-any.whl"]
+    plant = (
+        f"import os\nfor n in ('pip', 'tmp', 'more'):\n    os.symlink({str(second.outside)!r}, n)\n"
     )
+    assert "answer 42" in second.execute(plant + USE).output
+    assert list(second.outside.iterdir()) == []
+    assert _entries(filled[0]) == CACHED
 
 
 def test_a_cache_entry_with_a_bad_hash_is_not_installed(
-    cache: Path, index: int, tmp_path: Path
+    filled: tuple[Path, Any], index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with _session("sandboxed-command", tmp_path / "one", index) as ex:
-        assert "answer 42" in ex.execute(USE).output
+    cache = tmp_path / "cache"
+    shutil.copytree(filled[0], cache)
+    monkeypatch.setenv("KERNELEXEC_WHEEL_CACHE", str(cache))
     # The cached wheel is swapped for a valid one that answers otherwise (its hash changes)
     wheel = cache / f"{PACKAGE}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as old:
@@ -141,7 +151,7 @@ def test_a_cache_entry_with_a_bad_hash_is_not_installed(
     with zipfile.ZipFile(wheel, "w") as new:
         for name, data in files.items():
             new.writestr(name, data)
-    with _session("sandboxed-command", tmp_path / "two", index) as ex:
+    with _session("sandboxed-command", tmp_path / "work", index) as ex:
         result = ex.execute(USE)
         assert "answer 42" in result.output and "666" not in result.output, result.output
         assert _index_used(result, index), result.network_log  # fetched anew from the index
