@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .._errors import BackendUnavailable
@@ -534,6 +535,19 @@ class Egress:
         #: site its ``packages=`` are installed into (read-only for the code too)
         self.wheels = self.folder / "wheels"
         self.site = self.folder / "site"
+        #: a sandbox's resolver (``nameserver 127.0.0.1``: the launcher's DNS responder) and
+        #: where that responder reports each name asked for (a datagram socket, drained by
+        #: ``take_log``)
+        self.resolv_conf = self.folder / "resolv.conf"
+        self.dns_path = self.folder / "dns.sock"
+        self._dns: socket.socket | None = None
+        if shared:
+            self.resolv_conf.write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:2\n")
+            os.chmod(self.resolv_conf, 0o644)
+            self._dns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._dns.bind(str(self.dns_path))
+            self._dns.setblocking(False)
+            os.chmod(self.dns_path, 0o666)
         if policy.packages:
             self.wheels.mkdir(mode=0o755)
             os.chmod(self.wheels, 0o755)
@@ -611,7 +625,18 @@ class Egress:
         for relay in relays:
             if relay.alive:
                 relay.sync(_SYNC_TIMEOUT)
+        self._drain_dns()
         return self.log.take()
+
+    def _drain_dns(self) -> None:
+        """Log the names a sandbox's DNS responder reported: each was sent before its query
+        was answered, so a block's are all queued when its result is read."""
+        while self._dns is not None:
+            try:
+                name = self._dns.recv(512)
+            except OSError:  # nothing more (or closed)
+                return
+            self.dns_refused(name.decode("ascii", "replace"))
 
     def add_relay(self, key: str, relay: Relay) -> None:
         with self._lock:
@@ -632,6 +657,9 @@ class Egress:
         for relay in relays:
             relay.close()
         self._proxy.stop()
+        dns, self._dns = self._dns, None
+        if dns is not None:
+            dns.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -693,7 +721,9 @@ def _down_record() -> _Record:
 # block), and execs ``argv``. The relay ends with the sandbox (its pid namespace).
 SANDBOX_LAUNCHER = r"""
 import os, socket, sys, threading
-path, port, limit, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+path, port, limit, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+argv = sys.argv[5:]
+trap = os.environ.pop("KERNELEXEC_DNS_FD", None)
 if os.environ.get("PIP_TARGET"):
     # pip installs there: a folder on the path that is missing when the interpreter starts is
     # never looked at again (the kernel's), so it exists from the start
@@ -704,6 +734,8 @@ listener.bind(("127.0.0.1", port))
 listener.listen(128)
 if os.fork():
     listener.close()
+    if trap is not None:
+        os.close(int(trap))
     os.execvp(argv[0], argv)
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
@@ -743,6 +775,30 @@ def serve(conn):
     with lock:
         active[0] -= 1
 
+def dns_trap(trap):
+    # The sandbox's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
+    # here, its name told to the host first (a datagram it logs; dropped when its queue is full)
+    out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    while True:
+        data, peer = trap.recvfrom(4096)
+        pos, labels = 12, []
+        try:
+            while data[pos]:
+                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
+                pos += 1 + data[pos]
+            question = data[12:pos + 5]
+        except IndexError:
+            continue
+        try:
+            out.sendto(".".join(labels)[:253].encode(), socket.MSG_DONTWAIT, report)
+        except OSError:
+            pass
+        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
+        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+
+if trap is not None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, fileno=int(trap))
+    threading.Thread(target=dns_trap, args=(sock,), daemon=True).start()
 while True:
     conn, _ = listener.accept()
     with lock:
@@ -760,4 +816,29 @@ def sandbox_argv(egress: Egress, argv: list[str], python: str) -> list[str]:
     """``argv`` behind ``SANDBOX_LAUNCHER`` (run by ``python``, in the sandbox)."""
     limit = str(egress.policy.max_connections * 2)
     launcher = [python, "-I", "-S", "-c", SANDBOX_LAUNCHER, str(egress.socket_path)]
-    return [*launcher, str(PROXY_PORT), limit, *argv]
+    return [*launcher, str(PROXY_PORT), limit, str(egress.dns_path), *argv]
+
+
+# Run by root inside the sandbox, before its rights are dropped (``bwrap_argv(as_root=...)``):
+# port 53 is a privileged port of the sandbox's network namespace, which the unprivileged
+# launcher cannot bind. The socket is handed down by number (``KERNELEXEC_DNS_FD``); the
+# launcher gives it to its relay and closes it before the code runs.
+DNS_BINDER = r"""
+import os, socket, sys
+trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    trap.bind(("127.0.0.1", 53))
+    os.set_inheritable(trap.fileno(), True)
+    os.environ["KERNELEXEC_DNS_FD"] = str(trap.fileno())
+except OSError:
+    pass  # no responder: lookups fail unlogged
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def sandbox_dns(egress: Egress) -> dict[str, Any]:
+    """``bwrap_argv``'s arguments that give a sandbox the egress DNS responder."""
+    return {
+        "files": {str(egress.resolv_conf): "/etc/resolv.conf"},
+        "as_root": [sys.executable, "-I", "-S", "-c", DNS_BINDER],
+    }

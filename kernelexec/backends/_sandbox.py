@@ -136,10 +136,15 @@ def bwrap_argv(
     env: Mapping[str, str],
     writable: Sequence[str | Path] = (),
     readable: Sequence[str | Path] = (),
+    files: Mapping[str, str] = {},
+    as_root: Sequence[str] = (),
 ) -> list[str]:
     """``argv`` run inside a sandbox whose only writable places are ``work_dir``,
     ``writable`` and the options' own; ``readable`` are shown read-only (the egress proxy's
-    folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host)."""
+    folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host).
+    ``files``: host file -> the path it is shown at, read-only (the egress resolver's
+    resolv.conf). ``as_root``: a command prefix run before the rights are dropped, when the
+    host is root (the egress DNS responder's port 53), else left out."""
     bwrap, root = bwrap_path(), host_is_root()
     work = _real(work_dir)
     places = [work, *(_real(p) for p in [*writable, *options.writable])]
@@ -164,13 +169,15 @@ def bwrap_argv(
         out += _bind("--ro-bind", path, covered)  # an interpreter in /tmp or a home stays visible
     for place in places:
         out += _bind("--bind", place, covered)
+    for source, target in files.items():
+        out += ["--ro-bind", source, target]
     out += _namespaces(options, root)
     out += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in _environment(env).items():
         out += ["--setenv", name, value]
     out += ["--chdir", work, "--"]
     if root:
-        out += [*_drop_privileges(options), *_inner(bwrap, chdir=work)]
+        out += [*as_root, *_drop_privileges(options), *_inner(bwrap, chdir=work)]
     return [*out, *argv]
 
 

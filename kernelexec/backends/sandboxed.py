@@ -23,7 +23,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .._types import NetworkEvent
 from ._containment import Jail
-from ._egress import Egress, install_packages, sandbox_argv, sandbox_environment
+from ._egress import Egress, install_packages, sandbox_argv, sandbox_dns, sandbox_environment
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox
 from .base import ByteSink, CommandOutcome
 from .local_command import LocalCommand
@@ -59,7 +59,10 @@ class SandboxedCommand(LocalCommand):
             argv = sandbox_argv(egress, list(argv), sys.executable)
             env = sandbox_environment(egress, env)
         readable = [egress.folder] if egress is not None else []
-        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env, readable=readable)
+        dns = sandbox_dns(egress) if egress is not None else {}
+        wrapped = bwrap_argv(
+            self.sandbox, argv, work_dir=work_dir, env=env, readable=readable, **dns
+        )
         return await super().run(
             wrapped,
             work_dir=work_dir,
@@ -117,6 +120,7 @@ class _Egress:
                 env=env,
                 writable=[egress.site],
                 readable=[egress.folder],
+                **sandbox_dns(egress),
             )
             proc = subprocess.run(
                 argv, env=_launcher_env(), capture_output=True, text=True, timeout=900
@@ -193,10 +197,12 @@ class SandboxedKernel(LocalKernel):
         env.setdefault("MPLCONFIGDIR", os.path.join(run, "matplotlib"))
         egress = self._egress.get()
         readable = []
+        dns: dict[str, Any] = {}
         if egress is not None:
             inner = sandbox_argv(egress, inner, python)
             env = sandbox_environment(egress, env)
             readable.append(egress.folder)
+            dns = sandbox_dns(egress)
         argv = bwrap_argv(
             self.sandbox,
             inner,
@@ -204,6 +210,7 @@ class SandboxedKernel(LocalKernel):
             env=env,
             writable=[self._ipc_dir],
             readable=readable,
+            **dns,
         )
         # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
         sandboxed = _SandboxedManager(
