@@ -112,7 +112,12 @@ class WheelCache:
     def fill(self, specs: Sequence[str], index_url: str) -> list[str]:
         """Download ``specs`` (and what they need) as wheels with the host's pip from
         ``index_url`` into the cache; the names added. A failed download adds nothing and is
-        only logged: the install then goes to the index through the proxy."""
+        only logged: the install then goes to the index through the proxy. A direct reference
+        (``name @ file:///...``, a URL or a path) is never fetched here: on the host it would
+        read the host's files (or reach any server) with the host's rights."""
+        if any(_direct(spec) for spec in specs):
+            log.info("kernelexec: %s names a direct reference; not cached", list(specs))
+            return []
         with tempfile.TemporaryDirectory(prefix="kernelexec-wheels-") as staging:
             argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
             argv += ["--dest", staging, "--index-url", index_url, "--", *specs]
@@ -193,3 +198,8 @@ def _sha256(path: Path) -> str:
         while block := src.read(_BLOCK):
             sha.update(block)
     return sha.hexdigest()
+
+
+def _direct(spec: str) -> bool:
+    """Whether a requirement names a place rather than a project and versions."""
+    return any(mark in spec for mark in ("@", "/", "\\", ":"))

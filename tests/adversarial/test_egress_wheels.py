@@ -16,11 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kx_egress
 import pytest
 from kx_egress import PACKAGE, served_index
 
 from kernelexec import BackendUnavailable, NetworkPolicy, SandboxOptions, make_executor
 from kernelexec.backends import _sandbox
+from kernelexec.backends._wheels import WheelCache
 
 pytestmark = [pytest.mark.adversarial]
 
@@ -157,3 +159,12 @@ def test_a_cache_entry_with_a_bad_hash_is_not_installed(
         assert _index_used(result, index), result.network_log  # fetched anew from the index
     with zipfile.ZipFile(wheel) as kept:  # the cache holds the index's wheel again
         assert kept.read(f"{PACKAGE}.py") == b"ANSWER = 42\n"
+
+
+def test_a_direct_reference_is_never_fetched_by_the_host(tmp_path: Path) -> None:
+    # a valid wheel among the host's files: pip would copy it into the cache, for the code
+    secret = kx_egress._wheel(tmp_path)
+    cache = WheelCache(tmp_path / "cache")
+    for spec in (f"{PACKAGE} @ file://{secret}", f"{PACKAGE} @ {secret.as_uri()}"):
+        assert cache.fill([spec], "http://127.0.0.1:9/simple") == []
+    assert _entries(tmp_path / "cache") == []
