@@ -677,13 +677,13 @@ def install_packages(egress: Egress, run: PipRun, wheels_inside: str) -> None:
     the session's wheelhouse. ``BackendUnavailable`` with pip's words when it fails."""
     specs = list(egress.policy.packages)
     cache = WheelCache.open()
-    if cache is not None and cache.wheelhouse(egress.wheels):
+    if cache is not None and cache.wheelhouse(egress.wheels, specs):
         code, _ = run(["--no-index", "--find-links", wheels_inside, "--", *specs])
         if code == 0:
             return
     url, hosts = host_index()
     if cache is not None and cache.fill(specs, url):
-        cache.wheelhouse(egress.wheels)
+        cache.wheelhouse(egress.wheels, specs)
     links = ["--find-links", wheels_inside] if cache is not None else []
     with egress.widened(hosts):
         code, output = run(["--index-url", url, *links, "--", *specs])

@@ -13,11 +13,12 @@ Decided so (the code inside is the enemy, so the cache is filled and checked on 
   with another Python or libc ignores those that do not fit (pip's tag check) and falls back to
   the index through the proxy.
 * Used through a session wheelhouse (``wheelhouse``): a folder kernelexec owns beside the egress
-  proxy's socket, shown READ-ONLY to the container or sandbox, where each cache entry whose
-  content still has its recorded hash is copied; an entry that does not is never used (our
-  check, not pip's: pip checks hashes only with ``--require-hashes``) and is dropped from the
-  cache. pip installs with ``--no-index --find-links`` it first, and only when that fails does
-  the host fill the cache and pip try again, the index reachable through the proxy.
+  proxy's socket, shown READ-ONLY to the container or sandbox, where each cache entry that was
+  downloaded for one of the session's specs and whose content still has its recorded hash is
+  copied; an entry whose content does not is never used (our check, not pip's: pip checks
+  hashes only with ``--require-hashes``) and is dropped from the cache. pip installs with
+  ``--no-index --find-links`` it first, and only when that fails does the host fill the cache
+  and pip try again, the index reachable through the proxy.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("kernelexec.egress")
 
@@ -88,25 +90,25 @@ class WheelCache:
             log.warning("kernelexec: no wheel cache (%s)", exc)
             return None
 
-    def wheelhouse(self, dest: Path) -> int:
-        """Copy every entry whose content has its recorded hash into ``dest`` (made 0755, files
-        0644, for a read-only mount); an entry that does not is dropped. The number copied."""
+    def wheelhouse(self, dest: Path, specs: Sequence[str]) -> int:
+        """Copy into ``dest`` (made 0755, files 0644, for a read-only mount) every entry
+        downloaded for one of ``specs`` (not the whole cache) whose content still has its
+        recorded hash; an entry that does not is dropped. The number there."""
         dest.mkdir(mode=0o755, exist_ok=True)
         os.chmod(dest, 0o755)
-        copied = 0
+        wanted, copied = set(specs), 0
         with self._locked() as manifest:
-            for name, digest in list(manifest.items()):
+            for name, entry in list(manifest.items()):
+                if not wanted & set(entry.get("for", ())):
+                    continue
                 target = dest / name
-                if target.exists():
+                if target.exists() or self._copy_checked(name, entry.get("sha256", ""), target):
                     copied += 1
                     continue
-                if not self._copy_checked(name, digest, target):
-                    log.warning("kernelexec: wheel cache entry %s fails its hash; dropped", name)
-                    manifest.pop(name)
-                    with contextlib.suppress(OSError):
-                        (self.root / name).unlink()
-                    continue
-                copied += 1
+                log.warning("kernelexec: wheel cache entry %s fails its hash; dropped", name)
+                manifest.pop(name)
+                with contextlib.suppress(OSError):
+                    (self.root / name).unlink()
         return copied
 
     def fill(self, specs: Sequence[str], index_url: str) -> list[str]:
@@ -132,10 +134,10 @@ class WheelCache:
             if proc.returncode != 0:
                 log.warning("kernelexec: the host's pip download failed: %s", proc.stderr[-2000:])
                 return []
-            return self._add(Path(staging))
+            return self._add(Path(staging), specs)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _add(self, staging: Path) -> list[str]:
+    def _add(self, staging: Path, specs: Sequence[str]) -> list[str]:
         added = []
         with self._locked() as manifest:
             for path in sorted(staging.iterdir()):
@@ -146,7 +148,9 @@ class WheelCache:
                 shutil.copyfile(path, temp, follow_symlinks=False)
                 os.chmod(temp, 0o644)
                 os.replace(temp, self.root / path.name)
-                manifest[path.name] = digest
+                # what it was downloaded for: a later session asking for one of these gets it
+                given = manifest.get(path.name, {}).get("for", [])
+                manifest[path.name] = {"sha256": digest, "for": sorted({*given, *specs})}
                 added.append(path.name)
         return added
 
@@ -173,7 +177,7 @@ class WheelCache:
         return True
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, str]]:
+    def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The manifest, under a lock (sessions fill the cache at once), written back after."""
         with open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -182,6 +186,7 @@ class WheelCache:
                 manifest = json.loads(path.read_text())
                 if not isinstance(manifest, dict):
                     manifest = {}
+                manifest = {k: v for k, v in manifest.items() if isinstance(v, dict)}
             except (OSError, ValueError):
                 manifest = {}
             before = dict(manifest)

@@ -168,3 +168,16 @@ def test_a_direct_reference_is_never_fetched_by_the_host(tmp_path: Path) -> None
     for spec in (f"{PACKAGE} @ file://{secret}", f"{PACKAGE} @ {secret.as_uri()}"):
         assert cache.fill([spec], "http://127.0.0.1:9/simple") == []
     assert _entries(tmp_path / "cache") == []
+
+
+def test_a_session_gets_only_the_wheels_of_its_own_packages(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    wheel = kx_egress._wheel(staging)
+    cache = WheelCache(tmp_path / "cache")
+    assert cache._add(staging, [PACKAGE]) == [wheel.name]
+    assert cache.wheelhouse(tmp_path / "other", ["numpy"]) == 0
+    assert list((tmp_path / "other").iterdir()) == []
+    assert cache.wheelhouse(tmp_path / "mine", [PACKAGE]) == 1
+    copied = tmp_path / "mine" / wheel.name
+    assert copied.read_bytes() == wheel.read_bytes() and copied.stat().st_mode & 0o777 == 0o644
