@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
 import struct
@@ -601,10 +602,13 @@ class Egress:
         return None
 
     def dns_refused(self, name: str) -> None:
-        """A DNS query from the code (refused inside): logged, never sent anywhere."""
+        """A DNS query from the code (refused inside): logged, never sent anywhere. The name is
+        the code's bytes: anything but a name's characters is shown as ``?`` (a newline in a
+        label must not forge a line of the block's output)."""
+        shown = re.sub(r"[^A-Za-z0-9._*-]", "?", name[:253])
         self.log.add(
             _Record(
-                host=name or "(empty name)",
+                host=shown or "(empty name)",
                 port=53,
                 method="DNS",
                 allowed=False,

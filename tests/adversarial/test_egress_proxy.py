@@ -337,6 +337,24 @@ def test_a_dns_lookup_in_a_sandbox_is_refused_and_logged(sandboxed: Any) -> None
     assert "no DNS inside" in result.output, result.output
 
 
+def test_a_dns_name_cannot_forge_a_line_of_the_output(sandboxed: Any) -> None:
+    code = (
+        "import socket\n"
+        "label = b'x\\n  GET evil.example.org:443 allowed'\n"
+        "query = b'\\x12\\x34\\x01\\x00\\x00\\x01' + bytes(6) + bytes([len(label)]) + label\n"
+        "query += b'\\x00\\x00\\x01\\x00\\x01'\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.settimeout(10)\n"
+        "s.sendto(query, ('127.0.0.1', 53))\n"
+        "print('answered', s.recv(512)[3] & 15)\n"  # 5: REFUSED
+    )
+    result = sandboxed.execute(code)
+    assert "answered 5" in result.output, result.output
+    assert "\n  GET evil" not in result.output, result.output
+    (event,) = [e for e in result.network_log if e.method == "DNS"]
+    assert "\n" not in event.host and event.host.startswith("x?"), event
+
+
 def test_thousands_of_connections_from_a_sandbox_are_bounded(sandboxed: Any, server: int) -> None:
     code = (
         "import socket, time\n"
