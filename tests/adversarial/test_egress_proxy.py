@@ -355,6 +355,19 @@ def test_a_dns_name_cannot_forge_a_line_of_the_output(sandboxed: Any) -> None:
     assert "\n" not in event.host and event.host.startswith("x?"), event
 
 
+def test_a_proxy_request_cannot_forge_a_line_of_the_output(sandboxed: Any) -> None:
+    code = (
+        "import socket\n"
+        "s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n"
+        "s.sendall(b'CONNECT a\\nGET-evil.example.org:443 HTTP/1.1\\r\\n\\r\\n')\n"
+        "print('answered', s.recv(12))\n"
+    )
+    result = sandboxed.execute(code)
+    assert "answered" in result.output and "403" in result.output, result.output
+    assert "\nGET-evil" not in result.output, result.output
+    assert any("a?GET-evil" in line for line in result.output.splitlines()), result.output
+
+
 def test_thousands_of_connections_from_a_sandbox_are_bounded(sandboxed: Any, server: int) -> None:
     code = (
         "import socket, time\n"
