@@ -108,8 +108,6 @@ def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
     policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p], secrets=secrets)
     if name.startswith("docker-"):
         return {"network": policy}
-    if packages and name in _SANDBOXED.values():
-        raise UsageError("--packages applies to the docker-* executors (not yet --sandbox)")
     if name in _SANDBOXED.values():
         from .backends._sandbox import SandboxOptions
 
@@ -450,8 +448,9 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         "--packages",
         action="append",
         metavar="REQ[,REQ...]",
-        help="pip-install these at session start (docker-* executors), from the index the "
-        "host's pip uses, whose hosts are allowed for that step only",
+        help="pip-install these at session start (docker-* executors and --sandbox), from "
+        "the host's wheel cache or the index the host's pip uses, whose hosts are allowed for "
+        "that step only",
     )
     parser.add_argument("--secret", action="append", metavar="NAME@HOST[,HOST]", help=_SECRET_HELP)
     parser.add_argument(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .._errors import KernelStartFailed
 from .._types import NetworkEvent
 from ._containment import Jail
-from ._egress import Egress, sandbox_argv, sandbox_environment
+from ._egress import Egress, install_packages, sandbox_argv, sandbox_dns, sandbox_environment
 from ._sandbox import (
     SandboxOptions,
     bwrap_argv,
@@ -59,12 +60,16 @@ class SandboxedCommand(LocalCommand):
         on_stderr: ByteSink,
     ) -> CommandOutcome:
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
+        await self._egress.install(work_dir, sys.executable)
         egress = self._egress.get()
         if egress is not None:
             argv = sandbox_argv(egress, list(argv), sys.executable)
             env = sandbox_environment(egress, env)
         readable = [egress.folder] if egress is not None else []
-        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env, readable=readable)
+        dns = sandbox_dns(egress) if egress is not None else {}
+        wrapped = bwrap_argv(
+            self.sandbox, argv, work_dir=work_dir, env=env, readable=readable, **dns
+        )
         return await super().run(
             wrapped,
             work_dir=work_dir,
@@ -88,13 +93,48 @@ class _Egress:
     """A sandboxed back end's egress proxy (``network=NetworkPolicy``), made on first use."""
 
     def __init__(self, options: SandboxOptions) -> None:
+        self._options = options
         self._policy = options.egress_policy
         self._egress: Egress | None = None
+        self._installed = False
 
     def get(self) -> Egress | None:
         if self._policy is not None and self._egress is None:
             self._egress = Egress(self._policy, shared=True)
         return self._egress
+
+    async def install(self, work_dir: Path, python: str) -> None:
+        """The policy's ``packages=``, once per session, before any of its code runs."""
+        egress = self.get()
+        if egress is None or not egress.policy.packages or self._installed:
+            return
+        await asyncio.to_thread(self._install, egress, work_dir, python)
+        self._installed = True
+
+    def _install(self, egress: Egress, work_dir: Path, python: str) -> None:
+        """pip, in a sandbox of its own with the proxy, installs into the session's site: the
+        one writable place of that run (afterwards shown read-only, with the egress folder)."""
+        egress.site.mkdir(mode=0o755, exist_ok=True)
+        give_to_sandbox(egress.site, self._options)
+        env = sandbox_environment(egress, {"HOME": "/tmp", "PATH": os.defpath, "LANG": "C.UTF-8"})
+
+        def run(args: list[str]) -> tuple[int, str]:
+            pip = [python, "-m", "pip", "install", "-q", "--target", str(egress.site), *args]
+            argv = bwrap_argv(
+                self._options,
+                sandbox_argv(egress, pip, python),
+                work_dir=work_dir,
+                env=env,
+                writable=[egress.site],
+                readable=[egress.folder],
+                **sandbox_dns(egress),
+            )
+            proc = subprocess.run(
+                argv, env=_launcher_env(), capture_output=True, text=True, timeout=900
+            )
+            return proc.returncode, proc.stdout + proc.stderr
+
+        install_packages(egress, run, str(egress.wheels))
 
     async def take(self) -> list[NetworkEvent]:
         if self._egress is None:
@@ -138,6 +178,8 @@ class SandboxedKernel(LocalKernel):
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
+        python = self.python or _kernelspec_python(self.kernel_name)
+        await self._egress.install(work_dir, python)
         await super().start(work_dir=work_dir, env=env, timeout=timeout)
 
     def _manager(self, jail: Jail) -> AsyncKernelManager:
@@ -162,10 +204,12 @@ class SandboxedKernel(LocalKernel):
         env.setdefault("MPLCONFIGDIR", os.path.join(run, "matplotlib"))
         egress = self._egress.get()
         readable = []
+        dns: dict[str, Any] = {}
         if egress is not None:
             inner = sandbox_argv(egress, inner, python)
             env = sandbox_environment(egress, env)
             readable.append(egress.folder)
+            dns = sandbox_dns(egress)
         argv = bwrap_argv(
             self.sandbox,
             inner,
@@ -173,6 +217,7 @@ class SandboxedKernel(LocalKernel):
             env=env,
             writable=[self._ipc_dir],
             readable=readable,
+            **dns,
         )
         # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
         sandboxed = _SandboxedManager(
