@@ -306,6 +306,13 @@ class DockerKernel(KernelBackend):
             self._death = "its runtime folder's mount is empty"
         else:
             self._death = _exit_reason(state.get("ExitCode"))
+            if self.relayed and self._slots and state.get("ExitCode") == 2:
+                # Seen with R and Deno kernels beside Python (the host's dmesg: "fork rejected
+                # by pids controller"): gVisor's ptrace platform counts its own threads too.
+                self._death += (
+                    "; under gVisor every thread of the sandbox counts against pids_limit "
+                    f"({self.options.pids_limit}): other languages' kernels need about 1024"
+                )
         return False
 
     async def seems_gone(self) -> bool:
@@ -794,8 +801,10 @@ class DockerLanguageKernel(KernelBackend):
 
         deadline = asyncio.get_running_loop().time() + timeout
         container, parent_client = self.parent.container, self.parent._client
-        if container is None or parent_client is None:
-            raise KernelStartFailed("the session's kernel container is not running")
+        if container is None or parent_client is None or not await self.parent.is_alive():
+            # Not an engine error: the container ended (the session's next block restarts it).
+            why = self.parent.death_reason() or "not started"
+            raise KernelStartFailed(f"the session's kernel container is not running ({why})")
         docker = self.parent._docker
         info = {**_connection_info(network=True), "kernel_name": self.kernel_name}
         try:
