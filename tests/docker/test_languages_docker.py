@@ -172,20 +172,18 @@ def test_the_session_notebook_has_each_cell_with_its_language(ex: KernelExecutor
     assert "".join(cells[-1]["source"]) == "x <- 1"
 
 
-def test_death_is_noticed_and_a_python_restart_ends_the_other_kernels(
-    langs_image: str, tmp_path: Path
-) -> None:
-    with _session(langs_image, tmp_path) as ex:
-        assert ex.execute("x <- 1", "r").exit_code == 0
-        died = ex.execute("tools::pskill(Sys.getpid(), 9)", "r")
-        assert died.kernel_died and died.state_lost and died.error is not None
-        assert "killed by signal SIGKILL" in died.output
-        assert ex.execute("exists('x')", "r").output == "[1] FALSE"  # a fresh R kernel
-        r_backend = ex.aio._others["ir"].backend
-        sockets = r_backend._sockets  # type: ignore[attr-defined]
-        assert sockets is not None and sockets.is_dir()
-        ex.restart()  # a new container: the R kernel went with the old one, and its sockets
-        assert not ex.aio._others and not sockets.exists()
+def test_death_is_noticed_and_a_python_restart_ends_the_other_kernels(ex: KernelExecutor) -> None:
+    # Last of the shared session's tests: it restarts the session.
+    assert ex.execute("x <- 1", "r").exit_code == 0
+    died = ex.execute("tools::pskill(Sys.getpid(), 9)", "r")
+    assert died.kernel_died and died.state_lost and died.error is not None
+    assert "killed by signal SIGKILL" in died.output
+    assert ex.execute("exists('x')", "r").output == "[1] FALSE"  # a fresh R kernel
+    r_backend = ex.aio._others["ir"].backend
+    sockets = r_backend._sockets  # type: ignore[attr-defined]
+    assert sockets is not None and sockets.is_dir()
+    ex.restart()  # a new container: the R kernel went with the old one, and its sockets
+    assert not ex.aio._others and not sockets.exists()
 
 
 def test_an_image_without_r_says_which_image_to_build(tmp_path: Path) -> None:
@@ -241,3 +239,22 @@ def test_r_deno_and_bash_under_gvisor(
         died = ex.execute("tools::pskill(Sys.getpid(), 9)", "r")
         assert died.kernel_died and "killed by signal SIGKILL" in died.output
         assert ex.execute("exists('total')", "r").output == "[1] FALSE"
+
+
+def test_a_second_build_of_the_languages_image_is_skipped(langs_image: str) -> None:
+    from kernelexec._image import build_language_image
+
+    said: list[str] = []
+    started = time.monotonic()
+    result = build_language_image(["r", "js", "bash"], tag=langs_image, progress=said.append)
+    assert result.skipped and time.monotonic() - started < 30, said
+    assert "up to date" in said[-1]
+
+
+def test_an_unknown_language_for_the_image_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kernelexec.cli import main
+
+    assert main(["image", "build", "--offline", "--languages", "r,cobol"]) == 2
+    assert "no image recipe for the language 'cobol'" in capsys.readouterr().err
