@@ -774,7 +774,8 @@ class DockerLanguageKernel(KernelBackend):
     def __init__(self, parent: DockerKernel, kernel_name: str, *, slot: int) -> None:
         self.parent, self.kernel_name = parent, kernel_name
         #: its channels' ports in the container: beside the Python kernel's, one range per kernel
-        self._ports = [50010 + 10 * slot + i for i in range(len(_CHANNELS))]
+        #: (slots only differ within one container; the modulo keeps a long session's in range)
+        self._ports = [50010 + 10 * (slot % 1000) + i for i in range(len(_CHANNELS))]
         self._env: dict[str, str] = {}
         self._client: _BlockClient | None = None
         self._watch: LauncherWatch | None = None
