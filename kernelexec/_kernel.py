@@ -1278,7 +1278,8 @@ class AsyncKernelExecutor(AsyncExecutor):
                 self._others.pop(kernel, None)  # the next block of it tries afresh
                 with contextlib.suppress(Exception):
                     await other.close()
-                return _cannot_start(block, kernel, str(exc))
+                hint = self.backend.install_hint(kernel)
+                return _cannot_start(block, kernel, str(exc), hint)
         self._running = other
         try:
             return await other._run_here(block, timeout)
@@ -2025,13 +2026,16 @@ class _LanguageKernel(AsyncKernelExecutor):
         return block.code
 
 
-def _cannot_start(block: PreparedBlock, kernel: str, why: str) -> ExecutionResult:
-    """A block whose language's kernel did not start: not run, saying what to install."""
+def _cannot_start(
+    block: PreparedBlock, kernel: str, why: str, hint: str | None = None
+) -> ExecutionResult:
+    """A block whose language's kernel did not start: not run, saying what to install (``hint``:
+    the back end's own word, e.g. an image to build)."""
     missing = f"no kernelspec named {kernel!r}" in why
     what = f"Not run: the {block.language} kernel ({kernel!r}) "
     if missing:
         where = "" if why == f"no kernelspec named {kernel!r}" else f" ({why})"  # a gateway's
-        what += f"is not installed{where}; install {install_hint(kernel)}."
+        what += f"is not installed{where}; install {hint or install_hint(kernel)}."
     else:
         what += f"did not start: {why}."
     return error_result(

@@ -23,7 +23,7 @@ from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, executor_entry, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
-from .backends._docker_options import DEFAULT_IMAGE, LAUNCHERS_IMAGE
+from .backends._docker_options import DEFAULT_IMAGE, LANGUAGES_IMAGE, LAUNCHERS_IMAGE
 
 if TYPE_CHECKING:
     from ._executor import SyncExecutor
@@ -724,11 +724,17 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from ._image import build_image, build_launcher_image
+    from ._image import build_image, build_language_image, build_launcher_image, image_languages
 
+    try:  # a typo fails before anything is built
+        languages = image_languages((args.languages or "").split(","))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     build_image(offline=args.offline, tag=args.tag, mirror=args.mirror, force=args.force)
     if args.with_launchers:
         build_launcher_image(base=args.tag, tag=args.launchers_tag, force=args.force)
+    if languages:
+        build_language_image(languages, base=args.tag, tag=args.languages_tag, force=args.force)
     return 0
 
 
@@ -780,6 +786,17 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--launchers-tag",
         default=LAUNCHERS_IMAGE,
         help=f"name of the image with the launchers (default {LAUNCHERS_IMAGE})",
+    )
+    build.add_argument(
+        "--languages",
+        metavar="LANGS",
+        help="also build an image with these languages' kernels on top (comma-separated: r, js, "
+        "bash), for ```r / ```js / ```bash blocks in a docker-kernel session",
+    )
+    build.add_argument(
+        "--languages-tag",
+        default=LANGUAGES_IMAGE,
+        help=f"name of the image with the languages (default {LANGUAGES_IMAGE})",
     )
     build.set_defaults(func=cmd_image_build)
     gc = sub.add_parser(

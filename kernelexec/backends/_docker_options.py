@@ -17,10 +17,14 @@ from .._network import NetworkPolicy, NetworkSetting, check_network
 DEFAULT_IMAGE = "kernelexec/python:latest"
 #: the same image plus gateway_provisioners' kernel launchers (``image build --with-launchers``)
 LAUNCHERS_IMAGE = "kernelexec/python:launchers"
+#: the same image plus other languages' kernels (``image build --languages r,js,bash``)
+LANGUAGES_IMAGE = "kernelexec/python:langs"
 #: on an image made with the launchers: the gateway_provisioners version they came from
 LABEL_LAUNCHERS = "kernelexec.launchers"
 #: on every image kernelexec builds: the hash of its recipe
 LABEL_RECIPE = "kernelexec.recipe"
+#: on an image made with ``image build --languages``: the languages whose kernels it has
+LABEL_LANGUAGES = "kernelexec.languages"
 #: where the work dir is mounted in every kernelexec container
 WORKSPACE = "/workspace"
 #: the uid:gid used when the caller is root (containers never run as root by default)
