@@ -6,6 +6,11 @@
 #                      part (it waits for the dpkg lock other steps hold meanwhile). Deno and
 #                      bash_kernel come with the dev extra (kernelexec[languages]);
 #                      their kernelspecs are installed here, into this environment.
+#   languages_image    the Docker image variant with R, Deno and bash kernels
+#                      (kernelexec/python:langs) on top of the image docker_image built: R from
+#                      the same Debian mirror, Deno's binary and bash_kernel from the wheels of
+#                      this environment's versions. About 80 s; run in the background by
+#                      .ci/run, awaited before the tests (tests/docker/test_languages_docker.py).
 #   languages_wait     waits for the apt step, checks the three kernelspecs, then sets
 #                      KERNELEXEC_REQUIRE_LANGUAGES=1: their tests fail instead of skipping.
 
@@ -45,6 +50,10 @@ argv = [sys.argv[1], "jupyter", "--kernel", "--conn", "{connection_file}"]
 kernel = {"argv": argv, "display_name": "Deno", "language": "typescript"}
 (spec / "kernel.json").write_text(json.dumps(kernel, indent=2))
 PY
+}
+
+languages_image() {
+    python3 -m kernelexec image build --offline --languages r,js,bash
 }
 
 languages_wait() {

@@ -760,7 +760,8 @@ class AsyncExecutor(ABC):
         refused = [event for event in events if not event.allowed or event.secrets_withheld]
         output = result.output
         if refused:
-            lines = "\n".join(f"  {event.describe()}" for event in refused[:20])
+            # what the code sent (a host with a newline) must not forge a line of this note
+            lines = "\n".join(f"  {_printable(event.describe())}" for event in refused[:20])
             more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
             note = f"kernelexec: the network policy refused {len(refused)} connection(s):\n"
             if any(event.allowed for event in refused):
@@ -773,6 +774,10 @@ class AsyncExecutor(ABC):
 
 
 _A = TypeVar("_A", bound=AsyncExecutor)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _is_dir(st: os.stat_result | None) -> bool:

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -37,7 +38,13 @@ from .backends._docker import (
     make_client,
     translate_errors,
 )
-from .backends._docker_options import LABEL_LAUNCHERS, LABEL_RECIPE, LAUNCHERS_IMAGE
+from .backends._docker_options import (
+    LABEL_LANGUAGES,
+    LABEL_LAUNCHERS,
+    LABEL_RECIPE,
+    LANGUAGES_IMAGE,
+    LAUNCHERS_IMAGE,
+)
 
 SUITE = "bookworm"
 BASE_IMAGE = f"kernelexec/base:{SUITE}"
@@ -259,6 +266,7 @@ def _docker_build(
     *,
     context: Path | None = None,
     labels: dict[str, str] | None = None,
+    network_mode: str | None = None,
 ) -> None:
     """``docker build`` from the package's recipes, or from ``context`` when one is given."""
     progress(f"docker build {tag} from {dockerfile} ...")
@@ -272,6 +280,7 @@ def _docker_build(
             tag=tag,
             labels={**(labels or {}), LABEL_RECIPE: recipe},
             buildargs=buildargs,
+            network_mode=network_mode,
             rm=True,
             forcerm=True,
             decode=True,
@@ -375,6 +384,10 @@ def build_launcher_image(
 def _download_wheels(dest: Path, versions: dict[str, str], progress: Progress) -> None:
     """Wheels for the image's Python (binary only: nothing is compiled for the image)."""
     dest.mkdir()
+    _pip_download(dest, versions, progress, what="the launcher wheels")
+
+
+def _pip_download(dest: Path, versions: dict[str, str], progress: Progress, *, what: str) -> None:
     pins = [f"{name}=={version}" for name, version in sorted(versions.items())]
     progress(f"pip download {' '.join(pins)} (wheels for Python {IMAGE_PYTHON}) ...")
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
@@ -382,4 +395,129 @@ def _download_wheels(dest: Path, versions: dict[str, str], progress: Progress) -
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise BackendUnavailable(f"pip could not fetch the launcher wheels:\n{tail}")
+        raise BackendUnavailable(f"pip could not fetch {what}:\n{tail}")
+
+
+# -- the other languages' kernels (``image build --languages r,js,bash``) -----------------------
+#: what each language needs: Debian packages (from the base's mirror) and distributions from the
+#: package index (the versions installed here; Deno's wheel is only a carrier for its binary)
+_LANGUAGE_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "r": (("r-base-core", "r-cran-irkernel"), ()),
+    "javascript": ((), ("deno",)),
+    "bash": ((), ("bash_kernel", "filetype")),
+}
+_LANGUAGE_NAMES = {"r": "r", "js": "javascript", "javascript": "javascript"}
+_LANGUAGE_NAMES |= {"ts": "javascript", "typescript": "javascript", "deno": "javascript"}
+_LANGUAGE_NAMES |= {"bash": "bash", "shell": "bash"}
+LANGUAGES_HINT = "pip install 'kernelexec[languages]'"
+
+
+def image_languages(names: Iterable[str]) -> tuple[str, ...]:
+    """``r``, ``js`` (or ``ts``, ``javascript``), ``bash``, as the build knows them; sorted."""
+    found = set()
+    for name in names:
+        key = name.strip().lower()
+        if not key:
+            continue
+        if key not in _LANGUAGE_NAMES:
+            known = ", ".join(sorted({"r", "js", "ts", "bash"}))
+            raise ValueError(f"no image recipe for the language {name!r} (known: {known})")
+        found.add(_LANGUAGE_NAMES[key])
+    return tuple(sorted(found))
+
+
+def language_versions(languages: Iterable[str]) -> dict[str, str]:
+    """The installed versions of what ``languages`` take from the package index."""
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for language in languages:
+        for name in _LANGUAGE_PARTS[language][1]:
+            try:
+                versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                raise BackendUnavailable(
+                    f"the image's {language} kernel comes from {name!r}, which is not "
+                    f"installed here: {LANGUAGES_HINT}"
+                ) from None
+    return versions
+
+
+def language_recipe_hash(
+    base_recipe: str, languages: tuple[str, ...], versions: dict[str, str]
+) -> str:
+    parts = [_RECIPE_VERSION, base_recipe, recipe_text("Dockerfile.langs"), *languages]
+    parts += [f"{name}=={version}" for name, version in sorted(versions.items())]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def build_language_image(
+    languages: Iterable[str],
+    *,
+    base: str = DEFAULT_IMAGE,
+    tag: str = LANGUAGES_IMAGE,
+    force: bool = False,
+    progress: Progress = print,
+    options: DockerOptions | None = None,
+) -> BuildResult:
+    """Build ``tag``: ``base`` plus the kernels of ``languages`` (``r``, ``js``, ``bash``).
+
+    R and IRkernel come from the Debian mirror the base was made from (apt inside the build,
+    on the host's network); Deno's binary and bash_kernel's wheels are fetched here with pip,
+    for the versions installed here. The build reuses ``base``: nothing is debootstrapped.
+    """
+    wanted = image_languages(languages)
+    if not wanted:
+        raise ValueError("no languages to build an image for (r, js, bash)")
+    versions = language_versions(wanted)
+    client = make_client(options or DockerOptions())
+    try:
+        base_recipe = call("inspect", _labelled, client, base, LABEL_RECIPE)
+        if base_recipe is None:
+            raise BackendUnavailable(
+                f"the languages image is built on {base}, which is not built yet: "
+                "`kernelexec image build --offline`"
+            )
+        recipe = language_recipe_hash(base_recipe, wanted, versions)
+        if not force and call("inspect", _labelled, client, tag, LABEL_RECIPE) == recipe:
+            progress(f"{tag} is up to date (recipe {recipe}); nothing to build.")
+            return BuildResult(tag=tag, recipe=recipe, skipped=True)
+        previous = call("inspect", _image_id, client, tag)
+        apt = [pkg for lang in wanted for pkg in _LANGUAGE_PARTS[lang][0]]
+        with tempfile.TemporaryDirectory(prefix="kernelexec-langs-", dir="/var/tmp") as tmp:
+            context = Path(tmp)
+            (context / "Dockerfile.langs").write_text(recipe_text("Dockerfile.langs"), "utf-8")
+            _fetch_language_parts(context / "fetched", versions, progress)
+            _docker_build(
+                client,
+                "Dockerfile.langs",
+                tag,
+                recipe,
+                progress,
+                {"BASE": base, "APT_PACKAGES": " ".join(apt)},
+                context=context,
+                labels={LABEL_LANGUAGES: ",".join(wanted)},
+                network_mode="host",  # apt inside reaches the mirror as the host does
+            )
+        progress(f"Built {tag} (recipe {recipe}; languages {', '.join(wanted)}).")
+        if previous is not None and previous != call("inspect", _image_id, client, tag):
+            with contextlib.suppress(docker.errors.APIError):  # in use: the engine refuses
+                client.images.remove(previous)
+        return BuildResult(tag=tag, recipe=recipe, skipped=False)
+    finally:
+        client.close()
+
+
+def _fetch_language_parts(dest: Path, versions: dict[str, str], progress: Progress) -> None:
+    """The wheels into ``dest``; Deno's wheel replaced by the binary it carries."""
+    dest.mkdir()
+    if versions:
+        _pip_download(dest, versions, progress, what="the languages' wheels")
+    for wheel in dest.glob("deno-*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            member = next((n for n in archive.namelist() if n.endswith(".data/scripts/deno")), "")
+            if not member:
+                raise BackendUnavailable(f"{wheel.name} holds no deno binary")
+            with archive.open(member) as src, open(dest / "deno", "wb") as out:
+                shutil.copyfileobj(src, out)
+        wheel.unlink()

@@ -1194,7 +1194,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         try:
             for _ in range(count):
                 backend = self._forked_backend()
-                child = self._child(backend, work_dir=backend.work_home)
+                child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
                 await asyncio.to_thread(copy_work_dir, self._door, child._door, owner=backend.owner)
@@ -1205,16 +1205,14 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         return children
 
-    def _child(
-        self, backend: KernelBackend, *, work_dir: Path | None = None
-    ) -> AsyncKernelExecutor:
-        """A new executor like this one (same options, own work dir) for a forked kernel;
-        ``work_dir`` is the folder a process fork's back end made for it (None: a new one, as a
-        fork through a snapshot onto a fresh back end has no such folder)."""
+    def _child(self, backend: KernelBackend) -> AsyncKernelExecutor:
+        """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
+        # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
+        home = backend.work_home if isinstance(backend, ForkedKernel) else None
         child = type(self)(
             backend,
-            work_dir=work_dir,
+            work_dir=home,
             timeout=options.timeout,
             env=dict(options.env),
             output_limit=options.output_limit,
@@ -1280,7 +1278,8 @@ class AsyncKernelExecutor(AsyncExecutor):
                 self._others.pop(kernel, None)  # the next block of it tries afresh
                 with contextlib.suppress(Exception):
                     await other.close()
-                return _cannot_start(block, kernel, str(exc))
+                hint = self.backend.install_hint(kernel)
+                return _cannot_start(block, kernel, str(exc), hint)
         self._running = other
         try:
             return await other._run_here(block, timeout)
@@ -2027,13 +2026,16 @@ class _LanguageKernel(AsyncKernelExecutor):
         return block.code
 
 
-def _cannot_start(block: PreparedBlock, kernel: str, why: str) -> ExecutionResult:
-    """A block whose language's kernel did not start: not run, saying what to install."""
+def _cannot_start(
+    block: PreparedBlock, kernel: str, why: str, hint: str | None = None
+) -> ExecutionResult:
+    """A block whose language's kernel did not start: not run, saying what to install (``hint``:
+    the back end's own word, e.g. an image to build)."""
     missing = f"no kernelspec named {kernel!r}" in why
     what = f"Not run: the {block.language} kernel ({kernel!r}) "
     if missing:
         where = "" if why == f"no kernelspec named {kernel!r}" else f" ({why})"  # a gateway's
-        what += f"is not installed{where}; install {install_hint(kernel)}."
+        what += f"is not installed{where}; install {hint or install_hint(kernel)}."
     else:
         what += f"did not start: {why}."
     return error_result(

@@ -183,6 +183,24 @@ def check_network(value: object) -> str | NetworkPolicy:
     )
 
 
+class NetworkSetting:
+    """What a ``network=`` field means, for the options that carry one (``DockerOptions``,
+    ``SandboxOptions``): read once here, so both back ends answer alike."""
+
+    network: bool | str | NetworkPolicy
+
+    @property
+    def full_network(self) -> bool:
+        """Whether the code joins the engine's or host's network (``network="all"``)."""
+        return check_network(self.network) == "all"
+
+    @property
+    def egress_policy(self) -> NetworkPolicy | None:
+        """The allowlist the egress proxy enforces, when ``network`` is one."""
+        mode = check_network(self.network)
+        return mode if isinstance(mode, NetworkPolicy) else None
+
+
 def parse_entry(entry: object) -> AllowRule:
     """One allowlist entry, checked; ``InvalidNetworkPolicy`` saying what is wrong."""
     if not isinstance(entry, str):

@@ -23,7 +23,7 @@ from ._mcp.cli import add_mcp_command
 from ._registry import DEFAULT_EXECUTOR, EXECUTOR_NAMES, executor_entry, make_executor
 from ._types import CodeBlock, ExecutionResult
 from ._version import __version__
-from .backends._docker_options import DEFAULT_IMAGE, LAUNCHERS_IMAGE
+from .backends._docker_options import DEFAULT_IMAGE, LANGUAGES_IMAGE, LAUNCHERS_IMAGE
 
 if TYPE_CHECKING:
     from ._executor import SyncExecutor
@@ -108,8 +108,6 @@ def _network(args: argparse.Namespace, name: str) -> dict[str, Any]:
     policy = NetworkPolicy(allow=allow, packages=[p for p in packages if p], secrets=secrets)
     if name.startswith("docker-"):
         return {"network": policy}
-    if packages and name in _SANDBOXED.values():
-        raise UsageError("--packages applies to the docker-* executors (not yet --sandbox)")
     if name in _SANDBOXED.values():
         from .backends._sandbox import SandboxOptions
 
@@ -450,8 +448,9 @@ def _add_executor_options(parser: argparse.ArgumentParser) -> None:
         "--packages",
         action="append",
         metavar="REQ[,REQ...]",
-        help="pip-install these at session start (docker-* executors), from the index the "
-        "host's pip uses, whose hosts are allowed for that step only",
+        help="pip-install these at session start (docker-* executors and --sandbox), from "
+        "the host's wheel cache or the index the host's pip uses, whose hosts are allowed for "
+        "that step only",
     )
     parser.add_argument("--secret", action="append", metavar="NAME@HOST[,HOST]", help=_SECRET_HELP)
     parser.add_argument(
@@ -725,11 +724,17 @@ def _add_notebook(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from ._image import build_image, build_launcher_image
+    from ._image import build_image, build_language_image, build_launcher_image, image_languages
 
+    try:  # a typo fails before anything is built
+        languages = image_languages((args.languages or "").split(","))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     build_image(offline=args.offline, tag=args.tag, mirror=args.mirror, force=args.force)
     if args.with_launchers:
         build_launcher_image(base=args.tag, tag=args.launchers_tag, force=args.force)
+    if languages:
+        build_language_image(languages, base=args.tag, tag=args.languages_tag, force=args.force)
     return 0
 
 
@@ -781,6 +786,17 @@ def _add_docker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--launchers-tag",
         default=LAUNCHERS_IMAGE,
         help=f"name of the image with the launchers (default {LAUNCHERS_IMAGE})",
+    )
+    build.add_argument(
+        "--languages",
+        metavar="LANGS",
+        help="also build an image with these languages' kernels on top (comma-separated: r, js, "
+        "bash), for ```r / ```js / ```bash blocks in a docker-kernel session",
+    )
+    build.add_argument(
+        "--languages-tag",
+        default=LANGUAGES_IMAGE,
+        help=f"name of the image with the languages (default {LANGUAGES_IMAGE})",
     )
     build.set_defaults(func=cmd_image_build)
     gc = sub.add_parser(

@@ -145,6 +145,9 @@ class _PooledBackend(KernelBackend):
         # Another language's kernel is started on a session's first block of it, not pooled.
         return self.inner.other_kernel(kernel_name)
 
+    def install_hint(self, kernel_name: str) -> str | None:
+        return self.inner.install_hint(kernel_name)
+
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         await self.inner.start(work_dir=work_dir, env=env, timeout=timeout)
 

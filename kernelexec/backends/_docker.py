@@ -29,7 +29,6 @@ import requests.exceptions
 
 from .._door import Door
 from .._errors import (
-    BackendUnavailable,
     DockerConfigError,
     DockerUnavailable,
     ImageNotFound,
@@ -51,18 +50,19 @@ from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
 from ._docker_options import DockerOptions as DockerOptions
 from ._docker_options import merge_options as merge_options
+from ._docker_relay import RELAY_SCRIPT, Relay
 from ._egress import (
     DNS_TRAP,
-    EGRESS_RELAY_SCRIPT,
     PROXY_PORT,
     RELAY_USER,
     Egress,
-    EgressRelay,
-    host_index,
+    install_packages,
     proxy_environment,
+    relay_refusal,
 )
 from ._owner import OWNER_ENV, OWNER_LABEL, Owner, State, owner_state, this_process
 from ._secrets import CONTAINER_BUNDLE, CONTAINER_BUNDLE_SCRIPT, SessionSecrets
+from ._wheels import CONTAINER_WHEELS
 
 _HOW_TO_START = (
     "Start one with `sudo systemctl start docker` (or run `dockerd` as root in the background), "
@@ -534,6 +534,10 @@ class ContainerHandle:
         mounts = list(kwargs.pop("mounts", None) or [])
         for host, inside in {self.work_dir: WORKSPACE, **spec.mounts}.items():
             mounts.append(docker.types.Mount(inside, self.host_path(host), type="bind"))
+        if self.egress is not None and self.egress.wheels.is_dir():
+            # The session's wheelhouse: read-only, the code cannot change what pip installs
+            wheels = str(self.egress.wheels)
+            mounts.append(docker.types.Mount(CONTAINER_WHEELS, wheels, type="bind", read_only=True))
         if opts.container_name is not None:
             kwargs["name"] = opts.container_name
         kwargs.update(spec.run_kwargs)
@@ -573,12 +577,19 @@ class ContainerHandle:
         from docker.utils.socket import frames_iter
 
         limit = str(self.egress.policy.max_connections * 2)
-        argv = ["python3", "-I", "-S", "-c", EGRESS_RELAY_SCRIPT, str(PROXY_PORT), limit]
+        argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT, str(PROXY_PORT), limit]
         # Never the code's own uid: the code must not be able to signal or trace the relay.
         code_uid = self.options.resolved_user().partition(":")[0]
         user = RELAY_USER if code_uid != RELAY_USER.partition(":")[0] else "65532:65532"
         _, stream = _exec_start(self._api(), container.id, argv, {}, True, user=user)
-        relay = EgressRelay(stream, frames_iter, self.egress.connect, self.egress.dns_refused)
+        relay = Relay(
+            {},
+            stream,
+            frames_iter,
+            connect=self.egress.connect,
+            on_dns=self.egress.dns_refused,
+            refusal=relay_refusal(),
+        )
         self.egress.add_relay(container.id, relay)
         if not relay.wait_listening(30):
             raise DockerUnavailable("the container's egress relay did not start listening")
@@ -604,24 +615,22 @@ class ContainerHandle:
             )
 
     def _install_packages(self, container: Any, egress: Egress) -> None:
-        """pip installs the policy's packages into the container user's site, through the
-        proxy, its index's hosts allowed for this step only (no code of the session runs yet).
-        Its connections are in the next block's ``network_log``."""
-        url, hosts = host_index()
-        argv = ["python3", "-m", "pip", "install", "-q", "--index-url", url]
-        env = container_env(self.options, {"PIP_INDEX_URL": url}, egress)
-        with egress.widened(hosts):
+        """pip installs the policy's packages into the container user's site: from the host's
+        wheel cache (mounted read-only) when it has them, else through the proxy (see
+        ``install_packages``). Its connections are in the next block's ``network_log``."""
+        env = container_env(self.options)
+
+        def run(args: list[str]) -> tuple[int, str]:
+            argv = ["python3", "-m", "pip", "install", "-q", *args]
             created = self._api().exec_create(
-                container.id, [*argv, *egress.policy.packages], environment=env, workdir=WORKSPACE
+                container.id, argv, environment=env, workdir=WORKSPACE
             )
             output = self._api().exec_start(created["Id"])
             code = self._api().exec_inspect(created["Id"]).get("ExitCode")
-        if code != 0:
             text = output.decode("utf-8", "replace") if isinstance(output, bytes) else str(output)
-            raise BackendUnavailable(
-                f"installing the packages {list(egress.policy.packages)} from {url} failed "
-                f"(pip exit status {code}):\n{text[-3000:]}"
-            )
+            return (code if isinstance(code, int) else -1), text
+
+        install_packages(egress, run, CONTAINER_WHEELS)
 
     def _write_marker(self) -> Path:
         """A file in the work dir the new container must see (else its mount is the wrong one)."""

@@ -12,15 +12,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from .._network import NetworkPolicy, check_network
+from .._network import NetworkPolicy, NetworkSetting, check_network
 
 DEFAULT_IMAGE = "kernelexec/python:latest"
 #: the same image plus gateway_provisioners' kernel launchers (``image build --with-launchers``)
 LAUNCHERS_IMAGE = "kernelexec/python:launchers"
+#: the same image plus other languages' kernels (``image build --languages r,js,bash``)
+LANGUAGES_IMAGE = "kernelexec/python:langs"
 #: on an image made with the launchers: the gateway_provisioners version they came from
 LABEL_LAUNCHERS = "kernelexec.launchers"
 #: on every image kernelexec builds: the hash of its recipe
 LABEL_RECIPE = "kernelexec.recipe"
+#: on an image made with ``image build --languages``: the languages whose kernels it has
+LABEL_LANGUAGES = "kernelexec.languages"
 #: where the work dir is mounted in every kernelexec container
 WORKSPACE = "/workspace"
 #: the uid:gid used when the caller is root (containers never run as root by default)
@@ -39,7 +43,7 @@ HOST_KERNEL_RUNTIMES = frozenset({"runc", "crun", "io.containerd.runc.v2"})
 
 
 @dataclass(frozen=True, kw_only=True)
-class DockerOptions:
+class DockerOptions(NetworkSetting):
     """How containers are created. The defaults are the safe ones; loosen them deliberately.
 
     ``user=None`` means the caller's uid:gid (so work-dir files belong to the caller), except
@@ -96,17 +100,6 @@ class DockerOptions:
             raise ValueError("container_name must not be empty")
         if self.runtime is not None and not self.runtime.strip():
             raise ValueError("runtime must not be empty (None: the engine's default)")
-
-    @property
-    def full_network(self) -> bool:
-        """Whether containers join the engine's network (``network="all"``)."""
-        return check_network(self.network) == "all"
-
-    @property
-    def egress_policy(self) -> NetworkPolicy | None:
-        """The allowlist the egress proxy enforces, when ``network`` is one."""
-        mode = check_network(self.network)
-        return mode if isinstance(mode, NetworkPolicy) else None
 
     @property
     def shares_host_kernel(self) -> bool:

@@ -1,49 +1,58 @@
-"""The Docker kernel's way in when its sockets cannot be shared: a relay over ``docker exec``.
+"""The one relay over ``docker exec``: connections carried across a container's loopback while
+the container has no network at all.
 
-Under runc the kernel's ZMQ ``ipc`` sockets sit in a bind-mounted folder and the host connects to
-them directly. Under gVisor (``runsc``) a socket the container creates lives in the sandbox's own
-kernel: the host sees no socket file at all. TCP would need a network the container can also use
-to reach the host's listeners, which the "no network" promise forbids. So the container keeps
-``network_mode="none"`` and the kernel listens on its own loopback; one ``docker exec`` runs
-``RELAY_SCRIPT`` in the container, and its stdin/stdout (the engine's API socket, which the
-container cannot reach from inside) carry every connection:
+Two callers, one transport (``RELAY_SCRIPT`` in the container, ``Relay`` on the host, one exec's
+stdin/stdout between them; the engine's API socket, which the container cannot reach):
 
-* the host side (``Relay``) listens on unix sockets in the runtime folder, one per kernel
-  channel (and one for the reaper), so the host's connection file is the same ``ipc`` one as
-  under runc;
-* each connection the host's client opens becomes an ``OPEN`` frame; the container's relay
-  connects to the matching port on 127.0.0.1 (retrying until the kernel listens, what the host
-  sent meanwhile held back) and both sides pump ``DATA`` frames until either end closes
-  (``CLOSE``).
+* the Docker kernel under gVisor (``runsc``): a socket the container creates lives in the
+  sandbox's own kernel, so the host sees no ipc socket file, and TCP would need a network. The
+  kernel listens on its own loopback; the host side listens on unix sockets in the runtime
+  folder, one per kernel channel (``endpoints``), so the host's connection file is the same
+  ``ipc`` one as under runc. Each connection the host's client opens becomes an ``OPEN`` frame
+  naming the port; the container's relay connects to it (retrying until the kernel listens,
+  what the host sent meanwhile held back).
+* the egress proxy (``network=NetworkPolicy``, runc and gVisor alike): run with ``PORT MAX`` the
+  relay also listens on the container's ``127.0.0.1:PORT`` (at most ``MAX`` connections at
+  once) and answers the container's DNS on ``127.0.0.1:53``: each connection the code opens
+  becomes an ``OPEN`` frame from the container, which the host turns into a connection to the
+  proxy (``connect``); each DNS query is answered REFUSED and its name told to the host (a
+  ``DNS`` frame, ``on_dns``).
 
 A frame is a 9-byte header (connection id, kind, payload length; big-endian) and the payload.
-Connection ids are never reused, so a frame for a connection already closed is dropped.
+Connections the host opens have ids from 1, those the container opens ids with the top bit set,
+so the two never meet; ids are never reused, so a frame for a connection already closed is
+dropped. ``OPEN`` with id 0 from the container says it listens; ``SYNC`` is a barrier the
+container echoes, so every frame it sent before has reached the host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("kernelexec.docker")
 
 HEADER = struct.Struct(">IBI")
-OPEN, DATA, CLOSE = 1, 2, 3
+OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
+#: the connection id of the container's "listening" ``OPEN``
+READY = 0
 _CHUNK = 65536
 
-# Runs in the container (``python3 -I -S -c RELAY_SCRIPT``): the stdlib only, threads for the
-# connections (a block can flood iopub while the host sends a shell message).
+# Runs in the container (``python3 -I -S -c RELAY_SCRIPT [PORT MAX]``): the stdlib only, threads
+# for the connections (a block can flood iopub while the host sends a shell message).
 RELAY_SCRIPT = r"""
 import os, socket, struct, sys, threading, time
 HEADER = struct.Struct(">IBI")
-OPEN, DATA, CLOSE = 1, 2, 3
+OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
+INSIDE = 0x80000000
 out_lock = threading.Lock()
 lock = threading.Lock()
 conns = {}
@@ -64,10 +73,14 @@ def pump(cid, conn):
             send(cid, DATA, data)
     except OSError:
         pass
+    with lock:
+        mine = conns.pop(cid, None) is not None
     try:
-        send(cid, CLOSE)
+        if mine:  # else the host closed it first
+            send(cid, CLOSE)
     except OSError:
         pass
+    conn.close()
 
 def connect(cid, port):
     # The host's client connects as soon as the relay runs, usually before the kernel listens:
@@ -102,6 +115,38 @@ def connect(cid, port):
         return
     pump(cid, conn)
 
+def accept(listener, limit):
+    cid = INSIDE
+    while True:
+        conn, _ = listener.accept()
+        with lock:
+            full = sum(1 for c in conns if c & INSIDE) >= limit
+        if full:  # bounded here too: the host never sees the excess
+            conn.close()
+            continue
+        cid += 1
+        with lock:
+            conns[cid] = conn
+        send(cid, OPEN)
+        threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
+
+def dns_trap(trap):
+    # The container's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
+    # here and its name told to the host, which logs it.
+    while True:
+        data, peer = trap.recvfrom(4096)
+        pos, labels = 12, []
+        try:
+            while data[pos]:
+                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
+                pos += 1 + data[pos]
+            question = data[12:pos + 5]
+        except IndexError:
+            continue
+        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
+        send(0, DNS, ".".join(labels)[:253].encode())  # told before answered: see SYNC
+        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+
 def read_exact(size):
     chunks = []
     while size:
@@ -112,15 +157,27 @@ def read_exact(size):
         size -= len(data)
     return b"".join(chunks)
 
+if len(sys.argv) > 2:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", int(sys.argv[1])))
+    listener.listen(128)
+    trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    trap.bind(("127.0.0.1", 53))
+    threading.Thread(target=accept, args=(listener, int(sys.argv[2])), daemon=True).start()
+    threading.Thread(target=dns_trap, args=(trap,), daemon=True).start()
+    send(0, OPEN)  # listening
 while True:
     head = read_exact(HEADER.size)
     if head is None:
-        break
+        os._exit(0)
     cid, kind, size = HEADER.unpack(head)
     data = read_exact(size) if size else b""
     if data is None:
-        break
-    if kind == OPEN:
+        os._exit(0)
+    if kind == SYNC:
+        send(cid, SYNC)
+    elif kind == OPEN:
         try:
             port = int(data)
         except ValueError:
@@ -144,33 +201,50 @@ while True:
         with lock:
             pending.pop(cid, None)
             conn = conns.pop(cid, None)
-        if conn is not None:
+        if conn is not None:  # its pump sees the end and closes it
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            conn.close()
 """
 
 
 class Relay:
-    """The host side: unix sockets at ``endpoints`` (path -> port in the container), carried
-    over one exec stream (``stream``: the socket ``exec_start(socket=True)`` returned for an exec
-    of ``RELAY_SCRIPT`` created with stdin attached).
+    """The host side of ``RELAY_SCRIPT``, over one exec stream (``stream``: the socket
+    ``exec_start(socket=True)`` returned for an exec created with stdin attached).
 
+    ``endpoints`` (unix socket path -> port in the container): where the host's clients connect
+    (the kernel's channels). ``connect``: for each connection the container opens (the relay run
+    with ``PORT MAX``), a socket to carry it to, or None to refuse it with ``refusal`` (bytes
+    the container's client reads first). ``on_dns``: each DNS name the container asked for.
     ``frames(stream, tty)`` turns the exec's multiplexed output into ``(stream, bytes)`` pairs
     (the Docker SDK's ``frames_iter``); a parameter, so this module needs no Docker SDK.
     """
 
-    def __init__(self, endpoints: Mapping[Path, int], stream: Any, frames: Any) -> None:
+    def __init__(
+        self,
+        endpoints: Mapping[Path, int],
+        stream: Any,
+        frames: Any,
+        *,
+        connect: Callable[[], socket.socket | None] | None = None,
+        on_dns: Callable[[str], None] | None = None,
+        refusal: bytes = b"",
+    ) -> None:
         self._stream = stream
         self._raw: socket.socket = getattr(stream, "_sock", stream)
         self._frames = frames
+        self._connect = connect
+        self._on_dns = on_dns
+        self._refusal = refusal
         self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
         self._next_id = 1
         self._closed = False
+        self._listening = threading.Event()
+        self._synced: dict[int, threading.Event] = {}
+        self._sync_ids = itertools.count(1)
         self._threads: list[threading.Thread] = []
         self._listeners: list[tuple[socket.socket, Path]] = []
         try:
@@ -186,6 +260,21 @@ class Relay:
     @property
     def alive(self) -> bool:
         return not self._closed
+
+    def wait_listening(self, timeout: float) -> bool:
+        """Whether the container's relay listens on its port (run with ``PORT MAX``)."""
+        return self._listening.wait(timeout)
+
+    def sync(self, timeout: float) -> bool:
+        """Wait until every frame the container sent so far has been delivered here: a block's
+        DNS queries travel over this stream, not the kernel's, and its result must not be read
+        before they are logged. True once the container's echo came back."""
+        token = next(self._sync_ids)
+        done = self._synced[token] = threading.Event()
+        try:
+            return self._send(token, SYNC) and done.wait(timeout)
+        finally:
+            self._synced.pop(token, None)
 
     def close(self) -> None:
         """Stop listening, drop every connection and end the exec (its stdin closes)."""
@@ -227,24 +316,27 @@ class Relay:
             if not self._send(cid, OPEN, str(port).encode()):
                 self._drop(cid)
                 return
-            # Not kept in _threads: it ends when its connection does (close() closes them all).
-            threading.Thread(
-                target=self._pump, args=(cid, conn), daemon=True, name="kernelexec-relay"
-            ).start()
+            self._start_pump(cid, conn)
+
+    def _start_pump(self, cid: int, conn: socket.socket) -> None:
+        # Not kept in _threads: it ends when its connection does (close() closes them all).
+        threading.Thread(
+            target=self._pump, args=(cid, conn), daemon=True, name="kernelexec-relay"
+        ).start()
 
     def _pump(self, cid: int, conn: socket.socket) -> None:
-        """Host client -> container, until the client closes or the relay does."""
+        """Host side -> container, until the host's end closes or the relay does."""
         try:
             while data := conn.recv(_CHUNK):
                 if not self._send(cid, DATA, data):
-                    return
+                    break
         except OSError:
             pass
         if self._drop(cid):
             self._send(cid, CLOSE)
 
     def _demux(self) -> None:
-        """Container -> host clients: parse our frames out of the exec's stdout."""
+        """Container -> host: parse the frames out of the exec's stdout."""
         buffer = bytearray()
         try:
             for stream, data in self._frames(self._stream, False):
@@ -268,20 +360,48 @@ class Relay:
         _close_all(conns)
 
     def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
-        with self._lock:
-            conn = self._conns.get(cid)
-        if conn is None:
-            return
-        if kind == DATA:
-            try:
-                conn.sendall(payload)
+        if kind == SYNC:
+            done = self._synced.get(cid)
+            if done is not None:
+                done.set()
+        elif kind == DNS:
+            if self._on_dns is not None:
+                self._on_dns(payload.decode("ascii", "replace"))
+        elif kind == OPEN:
+            if cid == READY:
+                self._listening.set()
+            else:
+                self._open(cid)
+        else:
+            with self._lock:
+                conn = self._conns.get(cid)
+            if conn is None:
                 return
-            except OSError:
-                pass  # the client went away: close the container side too
-            if self._drop(cid):
-                self._send(cid, CLOSE)
-        elif kind == CLOSE:
-            self._drop(cid)
+            if kind == DATA:
+                try:
+                    conn.sendall(payload)
+                    return
+                except OSError:
+                    pass  # the host's end went away: close the container side too
+                if self._drop(cid):
+                    self._send(cid, CLOSE)
+            elif kind == CLOSE:
+                self._drop(cid)
+
+    def _open(self, cid: int) -> None:
+        """A connection the container opened: carried to ``connect``'s socket, or refused."""
+        conn = self._connect() if self._connect is not None else None
+        if conn is None:
+            if self._refusal:
+                self._send(cid, DATA, self._refusal)
+            self._send(cid, CLOSE)
+            return
+        with self._lock:
+            if self._closed:
+                _close_all([conn])
+                return
+            self._conns[cid] = conn
+        self._start_pump(cid, conn)
 
     # -- helpers -------------------------------------------------------------------------------
     def _send(self, cid: int, kind: int, payload: bytes = b"") -> bool:

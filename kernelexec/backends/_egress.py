@@ -5,10 +5,10 @@ and plain HTTP forwarding, asyncio on a loop thread of its own) listens on a uni
 private folder; the code reaches it on ``127.0.0.1:PROXY_PORT`` inside, where a small relay
 carries each connection across:
 
-* Docker (runc and gVisor alike): ``EGRESS_RELAY_SCRIPT`` runs in the container through one
+* Docker (runc and gVisor alike): ``_docker_relay``'s relay runs in the container through one
   ``docker exec`` as a uid of its own (``RELAY_USER``: the block's ``kill -1`` and the kernel's
   reaper cannot touch it), listens on the loopback port and multiplexes its connections over
-  the exec's stdin/stdout, the frames of ``_docker_relay``; ``EgressRelay`` is the host side.
+  the exec's stdin/stdout; its host side hands each to ``Egress.connect``.
   gVisor connects to no host unix socket (``--host-uds`` is off), so one transport serves both.
 * bubblewrap: the proxy's socket is bound into the sandbox and ``SOCKET_RELAY_SCRIPT`` runs
   inside, relaying the loopback port to it.
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -41,10 +41,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._errors import BackendUnavailable
 from .._network import Address, NetworkPolicy, normalize_name, parse_address
 from .._types import NetworkEvent
-from ._docker_relay import CLOSE, DATA, HEADER, OPEN
+from ._docker_relay import Relay
 from ._secrets import Redactor, SessionSecrets, write_bundle
+from ._wheels import WheelCache
 
 log = logging.getLogger("kernelexec.egress")
 
@@ -57,12 +59,6 @@ MAX_HEAD = 64 * 1024
 #: seconds a client may take to send its request head
 HEAD_TIMEOUT = 30.0
 _CHUNK = 65536
-#: the connection id the in-container relay's "listening" frame carries
-_READY = 0
-#: the frame kind that reports a DNS query the container's resolver stub refused
-DNS = 4
-#: a barrier: the relay echoes it, so every frame it sent before has reached the host
-SYNC = 5
 #: where a container's resolver points under a policy: the relay's DNS trap
 DNS_TRAP = "127.0.0.1"
 _NO_DNS = (
@@ -83,7 +79,10 @@ def sandbox_environment(egress: Egress, env: Mapping[str, str]) -> dict[str, str
     proxy = proxy_environment(egress.policy)
     del proxy["PIP_USER"]
     site = f"/tmp/{egress.folder.name}-site"
-    path = [site, *filter(None, [env.get("PYTHONPATH")])]
+    # the session's packages= (installed at its start, read-only to the code) after the
+    # block's own installs, so a block may still install another version for itself
+    session = [str(egress.site)] if egress.policy.packages else []
+    path = [site, *session, *filter(None, [env.get("PYTHONPATH")])]
     secret = {}
     if egress.secrets is not None and egress.bundle_path is not None:
         # the egress folder is bound read-only into the sandbox: the bundle keeps its path
@@ -641,10 +640,30 @@ class Egress:
         #: the session's placeholders and CA (``policy.secrets``), and the CA bundle's file
         self.secrets = SessionSecrets(policy) if policy.secrets else None
         self.bundle_path = write_bundle(self.secrets, self.folder) if self.secrets else None
+        #: the session's wheelhouse (read-only inside; see ``_wheels``) and, in a sandbox, the
+        #: site its ``packages=`` are installed into (read-only for the code too)
+        self.wheels = self.folder / "wheels"
+        self.site = self.folder / "site"
+        #: a sandbox's resolver (``nameserver 127.0.0.1``: the launcher's DNS responder) and
+        #: where that responder reports each name asked for (a datagram socket, drained by
+        #: ``take_log``)
+        self.resolv_conf = self.folder / "resolv.conf"
+        self.dns_path = self.folder / "dns.sock"
+        self._dns: socket.socket | None = None
+        if shared:
+            self.resolv_conf.write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:2\n")
+            os.chmod(self.resolv_conf, 0o644)
+            self._dns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._dns.bind(str(self.dns_path))
+            self._dns.setblocking(False)
+            os.chmod(self.dns_path, 0o666)
+        if policy.packages:
+            self.wheels.mkdir(mode=0o755)
+            os.chmod(self.wheels, 0o755)
         self._lock = threading.Lock()
         self._proxy = EgressProxy(policy, self.socket_path, self.log, self.secrets)
         self._proxy.start()
-        self._relays: dict[str, EgressRelay] = {}
+        self._relays: dict[str, Relay] = {}
         self.restarts = 0
 
     @property
@@ -691,10 +710,13 @@ class Egress:
         return None
 
     def dns_refused(self, name: str) -> None:
-        """A DNS query from the code (refused inside): logged, never sent anywhere."""
+        """A DNS query from the code (refused inside): logged, never sent anywhere. The name is
+        the code's bytes: anything but a name's characters is shown as ``?`` (a newline in a
+        label must not forge a line of the block's output)."""
+        shown = re.sub(r"[^A-Za-z0-9._*-]", "?", name[:253])
         self.log.add(
             _Record(
-                host=name or "(empty name)",
+                host=shown or "(empty name)",
                 port=53,
                 method="DNS",
                 allowed=False,
@@ -715,9 +737,20 @@ class Egress:
         for relay in relays:
             if relay.alive:
                 relay.sync(_SYNC_TIMEOUT)
+        self._drain_dns()
         return self.log.take()
 
-    def add_relay(self, key: str, relay: EgressRelay) -> None:
+    def _drain_dns(self) -> None:
+        """Log the names a sandbox's DNS responder reported: each was sent before its query
+        was answered, so a block's are all queued when its result is read."""
+        while self._dns is not None:
+            try:
+                name = self._dns.recv(512)
+            except OSError:  # nothing more (or closed)
+                return
+            self.dns_refused(name.decode("ascii", "replace"))
+
+    def add_relay(self, key: str, relay: Relay) -> None:
         with self._lock:
             old = self._relays.pop(key, None)
             self._relays[key] = relay
@@ -736,10 +769,51 @@ class Egress:
         for relay in relays:
             relay.close()
         self._proxy.stop()
+        dns, self._dns = self._dns, None
+        if dns is not None:
+            dns.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _SYNC_TIMEOUT = 5.0  # seconds a block's result waits for its relay's frames, at most
+
+
+#: ``run(pip install arguments) -> (exit status, output)``: pip run where the packages go
+PipRun = Callable[[list[str]], tuple[int, str]]
+
+
+def install_packages(egress: Egress, run: PipRun, wheels_inside: str) -> None:
+    """Install the policy's packages with ``run``: from the host's wheel cache alone when it has
+    them (no network at all), else after the host filled the cache, the index's hosts allowed
+    for this step only (no code of the session runs yet). ``wheels_inside``: where ``run`` sees
+    the session's wheelhouse. ``BackendUnavailable`` with pip's words when it fails."""
+    specs = list(egress.policy.packages)
+    cache = WheelCache.open()
+    if cache is not None and cache.wheelhouse(egress.wheels, specs):
+        code, _ = run(["--no-index", "--find-links", wheels_inside, "--", *specs])
+        if code == 0:
+            return
+    url, hosts = host_index()
+    if cache is not None and cache.fill(specs, url):
+        cache.wheelhouse(egress.wheels, specs)
+    links = ["--find-links", wheels_inside] if cache is not None else []
+    with egress.widened(hosts):
+        code, output = run(["--index-url", url, *links, "--", *specs])
+    if code != 0:
+        raise BackendUnavailable(
+            f"installing the packages {specs} from {url} failed "
+            f"(pip exit status {code}):\n{output[-3000:]}"
+        )
+
+
+def relay_refusal() -> bytes:
+    """What the code's client reads when its connection finds the proxy down."""
+    body = f"kernelexec: {_PROXY_DOWN}\n".encode()
+    return (
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
 
 
 def _down_record() -> _Record:
@@ -753,285 +827,15 @@ def _down_record() -> _Record:
     )
 
 
-# -- the Docker relay: the container's loopback port to the proxy, over one exec ----------------
-# Runs in the container (``python3 -I -S -c EGRESS_RELAY_SCRIPT PORT MAX``) as RELAY_USER: listens
-# on the loopback port and carries each connection over stdin/stdout (frames as _docker_relay's).
-EGRESS_RELAY_SCRIPT = r"""
-import os, socket, struct, sys, threading
-HEADER = struct.Struct(">IBI")
-OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
-out_lock = threading.Lock()
-lock = threading.Lock()
-conns = {}
-limit = int(sys.argv[2])
-
-def send(cid, kind, data=b""):
-    view = memoryview(HEADER.pack(cid, kind, len(data)) + data)
-    with out_lock:
-        while view:
-            view = view[os.write(1, view):]
-
-def pump(cid, conn):
-    try:
-        while True:
-            data = conn.recv(65536)
-            if not data:
-                break
-            send(cid, DATA, data)
-    except OSError:
-        pass
-    with lock:
-        gone = conns.pop(cid, None) is None
-    if not gone:
-        send(cid, CLOSE)
-    conn.close()
-
-def accept(listener):
-    cid = 0
-    while True:
-        conn, _ = listener.accept()
-        with lock:
-            full = len(conns) >= limit
-        if full:  # bounded here too: the host never sees the excess
-            conn.close()
-            continue
-        cid += 1
-        with lock:
-            conns[cid] = conn
-        send(cid, OPEN)
-        threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
-
-def read_exact(size):
-    chunks = []
-    while size:
-        data = os.read(0, size)
-        if not data:
-            return None
-        chunks.append(data)
-        size -= len(data)
-    return b"".join(chunks)
-
-def dns_trap(trap):
-    # The container's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
-    # here and its name told to the host, which logs it.
-    while True:
-        data, peer = trap.recvfrom(4096)
-        pos, labels = 12, []
-        try:
-            while data[pos]:
-                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
-                pos += 1 + data[pos]
-            question = data[12:pos + 5]
-        except IndexError:
-            continue
-        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
-        send(0, DNS, ".".join(labels)[:253].encode())  # told before answered: see SYNC
-        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
-
-listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-listener.bind(("127.0.0.1", int(sys.argv[1])))
-listener.listen(128)
-trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-trap.bind(("127.0.0.1", 53))
-threading.Thread(target=accept, args=(listener,), daemon=True).start()
-threading.Thread(target=dns_trap, args=(trap,), daemon=True).start()
-send(0, OPEN)  # listening
-while True:
-    head = read_exact(HEADER.size)
-    if head is None:
-        os._exit(0)
-    cid, kind, size = HEADER.unpack(head)
-    data = read_exact(size) if size else b""
-    if data is None:
-        os._exit(0)
-    if kind == SYNC:
-        send(cid, SYNC)
-        continue
-    with lock:
-        conn = conns.get(cid)
-        if kind == CLOSE:
-            conns.pop(cid, None)
-    if conn is None:
-        continue
-    try:
-        if kind == DATA:
-            conn.sendall(data)
-        elif kind == CLOSE:
-            conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-"""
-
-
-class EgressRelay:
-    """The host side of ``EGRESS_RELAY_SCRIPT``: each connection the container opens becomes a
-    connection to the proxy (``connect``; None refuses it with a 502 saying why)."""
-
-    def __init__(
-        self,
-        stream: Any,
-        frames: Any,
-        connect: Callable[[], socket.socket | None],
-        on_dns: Callable[[str], None],
-    ) -> None:
-        self._stream = stream
-        self._on_dns = on_dns
-        self._raw: socket.socket = getattr(stream, "_sock", stream)
-        self._frames = frames
-        self._connect = connect
-        self._write_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._conns: dict[int, socket.socket] = {}
-        self._closed = False
-        self._listening = threading.Event()
-        self._synced: dict[int, threading.Event] = {}
-        self._sync_ids = itertools.count(1)
-        self._thread = threading.Thread(target=self._demux, daemon=True, name="kernelexec-egress")
-        self._thread.start()
-
-    def wait_listening(self, timeout: float) -> bool:
-        return self._listening.wait(timeout)
-
-    def sync(self, timeout: float) -> bool:
-        """Wait until every frame the relay sent so far has been delivered here: a block's DNS
-        queries travel over this stream, not the kernel's, and its result must not be read
-        before they are logged. True once the relay's echo came back."""
-        token = next(self._sync_ids)
-        done = self._synced[token] = threading.Event()
-        try:
-            return self._send(token, SYNC) and done.wait(timeout)
-        finally:
-            self._synced.pop(token, None)
-
-    @property
-    def alive(self) -> bool:
-        return not self._closed
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            _close(conn)
-        with contextlib.suppress(OSError):
-            self._raw.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._stream.close()
-        with contextlib.suppress(OSError):
-            self._raw.close()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def _demux(self) -> None:
-        buffer = bytearray()
-        try:
-            for stream, data in self._frames(self._stream, False):
-                if stream != 1:
-                    log.debug("kernelexec egress relay (container): %r", data[:500])
-                    continue
-                buffer += data
-                while len(buffer) >= HEADER.size:
-                    cid, kind, size = HEADER.unpack_from(buffer)
-                    if len(buffer) < HEADER.size + size:
-                        break
-                    payload = bytes(buffer[HEADER.size : HEADER.size + size])
-                    del buffer[: HEADER.size + size]
-                    self._deliver(cid, kind, payload)
-        except (OSError, ValueError):
-            pass
-        with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            _close(conn)
-
-    def _deliver(self, cid: int, kind: int, payload: bytes) -> None:
-        if kind == SYNC:
-            done = self._synced.get(cid)
-            if done is not None:
-                done.set()
-            return
-        if kind == DNS:
-            self._on_dns(payload.decode("ascii", "replace"))
-            return
-        if kind == OPEN:
-            if cid == _READY:
-                self._listening.set()
-                return
-            self._open(cid)
-            return
-        with self._lock:
-            conn = self._conns.get(cid)
-        if conn is None:
-            return
-        if kind == DATA:
-            try:
-                conn.sendall(payload)
-                return
-            except OSError:
-                pass
-        with self._lock:
-            self._conns.pop(cid, None)
-        _close(conn)  # the code's client went away (CLOSE), or the proxy did
-        if kind != CLOSE:
-            self._send(cid, CLOSE)
-
-    def _open(self, cid: int) -> None:
-        conn = self._connect()
-        if conn is None:
-            body = f"kernelexec: {_PROXY_DOWN}\n".encode()
-            reply = (
-                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            self._send(cid, DATA, reply)
-            self._send(cid, CLOSE)
-            return
-        with self._lock:
-            if self._closed:
-                _close(conn)
-                return
-            self._conns[cid] = conn
-        threading.Thread(target=self._pump, args=(cid, conn), daemon=True).start()
-
-    def _pump(self, cid: int, conn: socket.socket) -> None:
-        """Proxy -> container, until the proxy closes."""
-        try:
-            while data := conn.recv(_CHUNK):
-                if not self._send(cid, DATA, data):
-                    break
-        except OSError:
-            pass
-        with self._lock:
-            mine = self._conns.pop(cid, None) is not None
-        _close(conn)
-        if mine:
-            self._send(cid, CLOSE)
-
-    def _send(self, cid: int, kind: int, payload: bytes = b"") -> bool:
-        try:
-            with self._write_lock:
-                self._raw.sendall(HEADER.pack(cid, kind, len(payload)) + payload)
-        except OSError:
-            return False
-        return True
-
-
-def _close(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
-    conn.close()
-
-
 # -- bubblewrap: the sandbox's loopback port to the proxy's socket bound inside ------------------
 # Runs inside the sandbox (``python -I -S -c SANDBOX_LAUNCHER SOCKET PORT MAX argv...``): binds
 # the loopback port, forks the relay (its stdio closed: the block's output must end with the
 # block), and execs ``argv``. The relay ends with the sandbox (its pid namespace).
 SANDBOX_LAUNCHER = r"""
 import os, socket, sys, threading
-path, port, limit, argv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+path, port, limit, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+argv = sys.argv[5:]
+trap = os.environ.pop("KERNELEXEC_DNS_FD", None)
 if os.environ.get("PIP_TARGET"):
     # pip installs there: a folder on the path that is missing when the interpreter starts is
     # never looked at again (the kernel's), so it exists from the start
@@ -1042,6 +846,8 @@ listener.bind(("127.0.0.1", port))
 listener.listen(128)
 if os.fork():
     listener.close()
+    if trap is not None:
+        os.close(int(trap))
     os.execvp(argv[0], argv)
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
@@ -1081,6 +887,30 @@ def serve(conn):
     with lock:
         active[0] -= 1
 
+def dns_trap(trap):
+    # The sandbox's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
+    # here, its name told to the host first (a datagram it logs; dropped when its queue is full)
+    out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    while True:
+        data, peer = trap.recvfrom(4096)
+        pos, labels = 12, []
+        try:
+            while data[pos]:
+                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
+                pos += 1 + data[pos]
+            question = data[12:pos + 5]
+        except IndexError:
+            continue
+        try:
+            out.sendto(".".join(labels)[:253].encode(), socket.MSG_DONTWAIT, report)
+        except OSError:
+            pass
+        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
+        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+
+if trap is not None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, fileno=int(trap))
+    threading.Thread(target=dns_trap, args=(sock,), daemon=True).start()
 while True:
     conn, _ = listener.accept()
     with lock:
@@ -1098,4 +928,29 @@ def sandbox_argv(egress: Egress, argv: list[str], python: str) -> list[str]:
     """``argv`` behind ``SANDBOX_LAUNCHER`` (run by ``python``, in the sandbox)."""
     limit = str(egress.policy.max_connections * 2)
     launcher = [python, "-I", "-S", "-c", SANDBOX_LAUNCHER, str(egress.socket_path)]
-    return [*launcher, str(PROXY_PORT), limit, *argv]
+    return [*launcher, str(PROXY_PORT), limit, str(egress.dns_path), *argv]
+
+
+# Run by root inside the sandbox, before its rights are dropped (``bwrap_argv(as_root=...)``):
+# port 53 is a privileged port of the sandbox's network namespace, which the unprivileged
+# launcher cannot bind. The socket is handed down by number (``KERNELEXEC_DNS_FD``); the
+# launcher gives it to its relay and closes it before the code runs.
+DNS_BINDER = r"""
+import os, socket, sys
+trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    trap.bind(("127.0.0.1", 53))
+    os.set_inheritable(trap.fileno(), True)
+    os.environ["KERNELEXEC_DNS_FD"] = str(trap.fileno())
+except OSError:
+    pass  # no responder: lookups fail unlogged
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def sandbox_dns(egress: Egress) -> dict[str, Any]:
+    """``bwrap_argv``'s arguments that give a sandbox the egress DNS responder."""
+    return {
+        "files": {str(egress.resolv_conf): "/etc/resolv.conf"},
+        "as_root": [sys.executable, "-I", "-S", "-c", DNS_BINDER],
+    }

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import BackendUnavailable, InvalidNetworkPolicy
-from .._network import NetworkPolicy, check_network
+from .._errors import BackendUnavailable
+from .._network import NetworkPolicy, NetworkSetting, check_network
 
 #: Paths hidden by default: where credentials usually live.
 DEFAULT_HIDE = (
@@ -66,7 +66,7 @@ _DROP = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class SandboxOptions:
+class SandboxOptions(NetworkSetting):
     """How a local back end is sandboxed (``sandbox=True`` means these defaults).
 
     ``readable``: host paths shown read-only although under a hidden place (a package folder
@@ -87,25 +87,9 @@ class SandboxOptions:
     host_gid: int = NOBODY
 
     def __post_init__(self) -> None:
-        mode = check_network(self.network)
-        if isinstance(mode, NetworkPolicy) and mode.packages:
-            raise InvalidNetworkPolicy(
-                "NetworkPolicy(packages=...) installs at a Docker session's start; a sandbox "
-                "does not yet (pip install inside a block works when the index is allowed)"
-            )
+        check_network(self.network)
         if self.host_uid <= 0 or self.host_gid <= 0:
             raise ValueError("host_uid and host_gid must name an unprivileged user (not 0)")
-
-    @property
-    def full_network(self) -> bool:
-        """Whether the sandbox shares the host's network (``network="all"``)."""
-        return check_network(self.network) == "all"
-
-    @property
-    def egress_policy(self) -> NetworkPolicy | None:
-        """The allowlist the egress proxy enforces, when ``network`` is one."""
-        mode = check_network(self.network)
-        return mode if isinstance(mode, NetworkPolicy) else None
 
 
 def sandbox_options(value: bool | SandboxOptions | None) -> SandboxOptions | None:
@@ -152,10 +136,15 @@ def bwrap_argv(
     env: Mapping[str, str],
     writable: Sequence[str | Path] = (),
     readable: Sequence[str | Path] = (),
+    files: Mapping[str, str] = {},
+    as_root: Sequence[str] = (),
 ) -> list[str]:
     """``argv`` run inside a sandbox whose only writable places are ``work_dir``,
     ``writable`` and the options' own; ``readable`` are shown read-only (the egress proxy's
-    folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host)."""
+    folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host).
+    ``files``: host file -> the path it is shown at, read-only (the egress resolver's
+    resolv.conf). ``as_root``: a command prefix run before the rights are dropped, when the
+    host is root (the egress DNS responder's port 53), else left out."""
     bwrap, root = bwrap_path(), host_is_root()
     work = _real(work_dir)
     places = [work, *(_real(p) for p in [*writable, *options.writable])]
@@ -180,13 +169,15 @@ def bwrap_argv(
         out += _bind("--ro-bind", path, covered)  # an interpreter in /tmp or a home stays visible
     for place in places:
         out += _bind("--bind", place, covered)
+    for source, target in files.items():
+        out += ["--ro-bind", source, target]
     out += _namespaces(options, root)
     out += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in _environment(env).items():
         out += ["--setenv", name, value]
     out += ["--chdir", work, "--"]
     if root:
-        out += [*_drop_privileges(options), *_inner(bwrap, chdir=work)]
+        out += [*as_root, *_drop_privileges(options), *_inner(bwrap, chdir=work)]
     return [*out, *argv]
 
 

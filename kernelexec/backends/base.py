@@ -145,6 +145,11 @@ class KernelBackend(ABC):
         kernel, so a session on it runs Python (and shell) blocks only."""
         return None
 
+    def install_hint(self, kernel_name: str) -> str | None:
+        """What to install so that ``other_kernel(kernel_name)`` finds its kernelspec, when it is
+        not what would be installed on this host (an image to build); None: the host's."""
+        return None
+
     @abstractmethod
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         """Start a kernel whose working directory is ``work_dir``; wait until it answers."""

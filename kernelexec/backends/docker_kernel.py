@@ -52,9 +52,11 @@ from ._docker import (
     prepare_host_dir,
     prepare_inside,
 )
+from ._docker_langs import LAUNCHER_SCRIPT, LauncherWatch
+from ._docker_options import LANGUAGES_IMAGE
 from ._docker_relay import RELAY_SCRIPT, Relay
 from ._iopub import receive_batch, receive_one
-from ._owner import ALIAS_PREFIX, OWNER_FILE, mark_folder
+from ._owner import ALIAS_PREFIX, OWNER_FILE, TEMP_PREFIXES, mark_folder
 from ._ready import start_channels
 from ._remote import refuse_shared_fork
 from .base import KernelBackend, KernelClientLike
@@ -228,6 +230,7 @@ class DockerKernel(KernelBackend):
         self._env: dict[str, str] = {}
         self._death: str | None = None
         self._relay: Relay | None = None
+        self._slots = 0  # language kernels made so far: each gets its own container ports
 
     @property
     def options(self) -> DockerOptions:
@@ -312,6 +315,13 @@ class DockerKernel(KernelBackend):
             self._death = "its runtime folder's mount is empty"
         else:
             self._death = _exit_reason(state.get("ExitCode"))
+            if self.relayed and self._slots and state.get("ExitCode") == 2:
+                # Seen with R and Deno kernels beside Python (the host's dmesg: "fork rejected
+                # by pids controller"): gVisor's ptrace platform counts its own threads too.
+                self._death += (
+                    "; under gVisor every thread of the sandbox counts against pids_limit "
+                    f"({self.options.pids_limit}): other languages' kernels need about 1024"
+                )
         return False
 
     async def seems_gone(self) -> bool:
@@ -327,6 +337,24 @@ class DockerKernel(KernelBackend):
 
     def death_reason(self) -> str | None:
         return self._death
+
+    @property
+    def runs_other_kernels(self) -> bool:
+        return True
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        """An R, Deno or bash kernel in this kernel's container (``DockerLanguageKernel``)."""
+        self._slots += 1
+        return DockerLanguageKernel(self, kernel_name, slot=self._slots)
+
+    def install_hint(self, kernel_name: str) -> str | None:
+        flag = {"ir": "r", "deno": "js", "bash": "bash"}.get(kernel_name)
+        if flag is None:
+            return f"an image with the kernelspec {kernel_name!r} ({self.options.image} has none)"
+        return (
+            f"an image with it: `kernelexec image build --offline --languages {flag}`, then "
+            f"image={LANGUAGES_IMAGE!r} ({self.options.image} has no {kernel_name!r} kernel)"
+        )
 
     async def take_network_log(self) -> list[NetworkEvent]:
         return await self._docker.take_network_log()
@@ -739,3 +767,183 @@ def engine_time(text: Any) -> float | None:
         return datetime.datetime.fromisoformat(match[1] + fraction + zone).timestamp()
     except ValueError:
         return None
+
+
+class DockerLanguageKernel(KernelBackend):
+    """Another language's kernel (R, Deno, bash, any kernelspec the image has) in a
+    ``DockerKernel``'s container: the same work dir, limits, user and (lack of) network as the
+    session's Python kernel. Started by a ``docker exec`` of the launcher (``_docker_langs``),
+    reached through a relay to its ports on the container's loopback; the container's reaper
+    (the Python kernel's) kills what an interrupted block started. It lives as long as the
+    container: a restart of the Python kernel (a new container) ends it."""
+
+    kind = "docker-kernel"
+    inherits_host_env = False
+
+    def __init__(self, parent: DockerKernel, kernel_name: str, *, slot: int) -> None:
+        self.parent, self.kernel_name = parent, kernel_name
+        #: its channels' ports in the container: beside the Python kernel's, one range per kernel
+        #: (slots only differ within one container; the modulo keeps a long session's in range)
+        self._ports = [50010 + 10 * (slot % 1000) + i for i in range(len(_CHANNELS))]
+        self._env: dict[str, str] = {}
+        self._client: _BlockClient | None = None
+        self._watch: LauncherWatch | None = None
+        self._relay: Relay | None = None
+        self._sockets: Path | None = None
+        self._by_message = False  # Deno: SIGINT kills its kernel, an interrupt_request does not
+
+    @property
+    def workspace(self) -> str:
+        return WORKSPACE
+
+    @property
+    def client(self) -> KernelClientLike:
+        if self._client is None:
+            raise KernelStartFailed(f"the {self.kernel_name} kernel is not running")
+        return self._client
+
+    async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        self._env = dict(env)
+        await self._launch(timeout)
+
+    async def _launch(self, timeout: float) -> None:
+        from docker.utils.socket import frames_iter
+
+        deadline = asyncio.get_running_loop().time() + timeout
+        container, parent_client = self.parent.container, self.parent._client
+        if container is None or parent_client is None or not await self.parent.is_alive():
+            # Not an engine error: the container ended (the session's next block restarts it).
+            why = self.parent.death_reason() or "not started"
+            raise KernelStartFailed(f"the session's kernel container is not running ({why})")
+        docker = self.parent._docker
+        info = {**_connection_info(network=True), "kernel_name": self.kernel_name}
+        try:
+            path = f"{RUNTIME}/lang-{uuid.uuid4().hex}.json"
+            argv = ["python3", "-I", "-c", LAUNCHER_SCRIPT, self.kernel_name, path]
+            _, stream = await docker.exec_stream(container, argv, self._env, stdin=True)
+            self._watch = watch = LauncherWatch(stream, frames_iter)
+            inside = {**info, "ip": "127.0.0.1", **dict(zip(_CHANNELS, self._ports, strict=True))}
+            watch.send(json.dumps(inside))
+            if not await asyncio.to_thread(watch.wait_started, max(deadline - _now(), 0.1)):
+                raise self._start_failed()
+            self._by_message = "deno" in self.kernel_name.lower()
+            await self._connect(info, docker, container, frames_iter)
+            await self._wait_ready(deadline)
+        except BaseException:
+            await self._stop()
+            raise
+
+    async def _connect(
+        self, info: dict[str, Any], docker: Any, container: Any, frames: Any
+    ) -> None:
+        argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT]
+        _, stream = await docker.exec_stream(container, argv, {}, stdin=True)
+        self._sockets = sockets = Path(tempfile.mkdtemp(prefix=TEMP_PREFIXES[0]))
+        mark_folder(sockets)  # `kernelexec gc` removes it once this process is gone
+        endpoints = {sockets / f"kernel-{i}": port for i, port in enumerate(self._ports, 1)}
+        try:
+            self._relay = Relay(endpoints, stream, frames)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                stream.close()
+            raise
+        self._client = client = _BlockClient()
+        client.reaper = self.parent._client.reaper if self.parent._client else None
+        host: dict[str, Any] = {**info, "transport": "ipc", "ip": str(sockets / "kernel")}
+        client.load_connection_info(host)  # type: ignore[arg-type]
+        try:
+            start_channels(client)
+        except zmq.ZMQError as exc:
+            client.context.destroy(linger=0)
+            self._client = None
+            what = f"cannot connect to the {self.kernel_name} kernel"
+            raise KernelStartFailed(f"{what}: {exc}") from exc
+
+    async def _wait_ready(self, deadline: float) -> None:
+        """Until the kernel answers kernel_info on shell and is heard on iopub (as the Python
+        kernel's ``_wait_ready``); a launcher that ended first is a clear failure."""
+        client = self._client
+        assert client is not None
+        while (remaining := deadline - _now()) > 0:
+            if await self.seems_gone():
+                raise self._start_failed()
+            client.kernel_info()
+            try:
+                await client.get_shell_msg(timeout=min(1.0, remaining))
+                await client.get_iopub_msg(timeout=min(1.0, max(remaining, 0.1)))
+            except queue.Empty:
+                continue
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    await client.get_iopub_msg(timeout=0.05)
+            return
+        what = f"the {self.kernel_name} kernel in the container"
+        raise KernelStartFailed(f"{what} did not answer in time")
+
+    def _start_failed(self) -> KernelStartFailed:
+        watch = self._watch
+        if watch is not None and watch.missing:
+            # "no kernelspec named" is what the session reports as a kernel not installed
+            return KernelStartFailed(
+                f"no kernelspec named {self.kernel_name!r} in the image {self.parent.options.image}"
+            )
+        reason = (watch.reason if watch else None) or self.parent.death_reason() or "it ended"
+        tail = (watch.stderr_tail.strip().splitlines() or [""])[-1] if watch else ""
+        return KernelStartFailed(
+            f"the {self.kernel_name} kernel did not start: {reason}" + (f": {tail}" if tail else "")
+        )
+
+    async def interrupt(self) -> None:
+        """SIGINT to the kernel's process group (Deno: an interrupt_request, which keeps it), then
+        the container's reaper kills what the running block started."""
+        client, watch = self._client, self._watch
+        if client is None or watch is None:
+            return
+        if self._by_message:
+            client.control_channel.send(client.session.msg("interrupt_request", content={}))
+        else:
+            await asyncio.to_thread(watch.send, "int")
+        if client.reaper is not None and client.block_marked:
+            await asyncio.to_thread(_ask_reaper, client.reaper, "reap", 10.0)
+
+    async def restart(self, *, timeout: float) -> None:
+        await self._stop()
+        await self._launch(timeout)
+
+    async def is_alive(self) -> bool:
+        return not await self.seems_gone() and await self.parent.is_alive()
+
+    async def seems_gone(self) -> bool:
+        watch, relay = self._watch, self._relay
+        return watch is None or watch.ended or relay is None or not relay.alive
+
+    def death_reason(self) -> str | None:
+        watch = self._watch
+        if watch is None or not watch.ended:
+            return self.parent.death_reason()
+        return watch.reason
+
+    async def shutdown(self) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        client, self._client = self._client, None
+        relay, self._relay = self._relay, None
+        watch = self._watch  # kept: death_reason still tells why it ended
+        sockets, self._sockets = self._sockets, None
+        try:
+            if client is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    client.stop_channels()
+            if watch is not None:
+                # Its stdin closing makes the launcher kill the kernel's process group.
+                await asyncio.to_thread(watch.close)
+            if relay is not None:
+                await asyncio.to_thread(relay.close)
+        finally:
+            if sockets is not None:
+                shutil.rmtree(sockets, ignore_errors=True)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -11,8 +11,12 @@ hold no host right: a root host's code runs as an unprivileged user with no capa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .._errors import KernelStartFailed
 from .._types import NetworkEvent
 from ._containment import Jail
-from ._egress import Egress, sandbox_argv, sandbox_environment
+from ._egress import Egress, install_packages, sandbox_argv, sandbox_dns, sandbox_environment
 from ._sandbox import (
     SandboxOptions,
     bwrap_argv,
@@ -31,7 +35,8 @@ from ._sandbox import (
     give_to_sandbox,
     host_is_root,
 )
-from .base import ByteSink, CommandOutcome
+from ._sandbox_bridge import BRIDGE_SCRIPT, INTERRUPT_SUFFIX, KERNEL_FILE
+from .base import ByteSink, CommandOutcome, KernelBackend
 from .local_command import LocalCommand
 from .local_kernel import LocalKernel
 
@@ -59,12 +64,16 @@ class SandboxedCommand(LocalCommand):
         on_stderr: ByteSink,
     ) -> CommandOutcome:
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
+        await self._egress.install(work_dir, sys.executable)
         egress = self._egress.get()
         if egress is not None:
             argv = sandbox_argv(egress, list(argv), sys.executable)
             env = sandbox_environment(egress, env)
         readable = [egress.folder] if egress is not None else []
-        wrapped = bwrap_argv(self.sandbox, argv, work_dir=work_dir, env=env, readable=readable)
+        dns = sandbox_dns(egress) if egress is not None else {}
+        wrapped = bwrap_argv(
+            self.sandbox, argv, work_dir=work_dir, env=env, readable=readable, **dns
+        )
         return await super().run(
             wrapped,
             work_dir=work_dir,
@@ -88,13 +97,48 @@ class _Egress:
     """A sandboxed back end's egress proxy (``network=NetworkPolicy``), made on first use."""
 
     def __init__(self, options: SandboxOptions) -> None:
+        self._options = options
         self._policy = options.egress_policy
         self._egress: Egress | None = None
+        self._installed = False
 
     def get(self) -> Egress | None:
         if self._policy is not None and self._egress is None:
             self._egress = Egress(self._policy, shared=True)
         return self._egress
+
+    async def install(self, work_dir: Path, python: str) -> None:
+        """The policy's ``packages=``, once per session, before any of its code runs."""
+        egress = self.get()
+        if egress is None or not egress.policy.packages or self._installed:
+            return
+        await asyncio.to_thread(self._install, egress, work_dir, python)
+        self._installed = True
+
+    def _install(self, egress: Egress, work_dir: Path, python: str) -> None:
+        """pip, in a sandbox of its own with the proxy, installs into the session's site: the
+        one writable place of that run (afterwards shown read-only, with the egress folder)."""
+        egress.site.mkdir(mode=0o755, exist_ok=True)
+        give_to_sandbox(egress.site, self._options)
+        env = sandbox_environment(egress, {"HOME": "/tmp", "PATH": os.defpath, "LANG": "C.UTF-8"})
+
+        def run(args: list[str]) -> tuple[int, str]:
+            pip = [python, "-m", "pip", "install", "-q", "--target", str(egress.site), *args]
+            argv = bwrap_argv(
+                self._options,
+                sandbox_argv(egress, pip, python),
+                work_dir=work_dir,
+                env=env,
+                writable=[egress.site],
+                readable=[egress.folder],
+                **sandbox_dns(egress),
+            )
+            proc = subprocess.run(
+                argv, env=_launcher_env(), capture_output=True, text=True, timeout=900
+            )
+            return proc.returncode, proc.stdout + proc.stderr
+
+        install_packages(egress, run, str(egress.wheels))
 
     async def take(self) -> list[NetworkEvent]:
         if self._egress is None:
@@ -111,12 +155,12 @@ class _SandboxedSpecs(KernelSpecManager):
     """One kernelspec: ``ipykernel_launcher`` under bwrap, interrupted by message (a signal to
     bwrap would not reach the kernel inside its pid namespace)."""
 
-    def __init__(self, argv: list[str], **kwargs: Any) -> None:
+    def __init__(self, argv: list[str], language: str = "python", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._spec = KernelSpec(
             argv=argv,
-            display_name="Python (sandboxed)",
-            language="python",
+            display_name=f"{language} (sandboxed)",
+            language=language,
             interrupt_mode="message",
         )
 
@@ -134,10 +178,51 @@ class SandboxedKernel(LocalKernel):
         super().__init__(**options)
         self.sandbox = sandbox or SandboxOptions()
         self._egress = _Egress(self.sandbox)
+        #: another language's kernelspec (``other_kernel``): run through the bridge
+        self._other: KernelSpec | None = None
+        self._other_name = ""  # its name: set, with no spec found, the start says it is missing
         check_sandbox()
 
+    @property
+    def runs_other_kernels(self) -> bool:
+        return True
+
+    def other_kernel(self, kernel_name: str) -> KernelBackend | None:
+        """A kernel of another kernelspec in a sandbox of its own, with the same options
+        (the same work dir, user, hidden places and network)."""
+        other = SandboxedKernel(
+            sandbox=self.sandbox,
+            kernel_name=kernel_name,
+            shutdown_wait=self.shutdown_wait,
+            containment=self.containment,
+        )
+        other._other, other._other_name = _host_spec(kernel_name), kernel_name
+        return other
+
+    async def interrupt(self) -> None:
+        if (
+            self._other is None
+            or self._other.interrupt_mode == "message"
+            or _is_deno_spec(self._other)
+        ):
+            await super().interrupt()
+            return
+        # SIGINT to the kernel's group inside the sandbox, through the bridge's socket.
+        if self._km is not None and self._ipc_dir is not None:
+            path = os.path.join(self._ipc_dir, "run", "k" + INTERRUPT_SUFFIX)
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(2)
+                conn.connect(path)
+        before = self._block_pids
+        if before is not None and self._jail is not None:
+            self._jail.kill_new(before, spare=(self._launched_pid(), self.pid))
+
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
+        if self._other_name and self._other is None:
+            raise KernelStartFailed(f"no kernelspec named {self._other_name!r}")
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
+        python = self.python or _kernelspec_python(self.kernel_name)
+        await self._egress.install(work_dir, python)
         await super().start(work_dir=work_dir, env=env, timeout=timeout)
 
     def _manager(self, jail: Jail) -> AsyncKernelManager:
@@ -150,8 +235,17 @@ class SandboxedKernel(LocalKernel):
         run = os.path.join(self._ipc_dir, "run")
         os.mkdir(run, 0o700)
         give_to_sandbox(run, self.sandbox)
-        python = self.python or _kernelspec_python(self.kernel_name)
-        inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        if self._other is not None:
+            # Another language's kernel: run by the bridge (``_sandbox_bridge``) with the host's
+            # interpreter, its program shown read-only wherever it lies.
+            python = sys.executable
+            # jupyter_client fills every "{connection_file}" with the host's (ipc) file: the
+            # kernel's own (tcp) one is the bridge's to fill in.
+            theirs = [a.replace("{connection_file}", KERNEL_FILE) for a in self._other.argv]
+            inner = [python, "-I", "-c", BRIDGE_SCRIPT, "{connection_file}", *theirs]
+        else:
+            python = self.python or _kernelspec_python(self.kernel_name)
+            inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         # Pid 1 of the sandbox is bwrap's reaper, not the kernel's parent: "1" tells ipykernel
         # there is no parent to watch (--die-with-parent does that) and keeps it from printing
         # its console note.
@@ -160,12 +254,19 @@ class SandboxedKernel(LocalKernel):
         # not in the private /tmp a block can fill.
         env.setdefault("IPYTHONDIR", os.path.join(run, "ipython"))
         env.setdefault("MPLCONFIGDIR", os.path.join(run, "matplotlib"))
+        if self._other is not None:
+            env.update(self._other.env or {})
+            env.setdefault("DENO_DIR", os.path.join(run, "deno"))  # Deno's cache: not in /tmp
         egress = self._egress.get()
-        readable = []
+        readable: list[str | Path] = (
+            [] if self._other is None else [*_program_roots(self._other.argv)]
+        )
+        dns: dict[str, Any] = {}
         if egress is not None:
             inner = sandbox_argv(egress, inner, python)
             env = sandbox_environment(egress, env)
             readable.append(egress.folder)
+            dns = sandbox_dns(egress)
         argv = bwrap_argv(
             self.sandbox,
             inner,
@@ -173,11 +274,13 @@ class SandboxedKernel(LocalKernel):
             env=env,
             writable=[self._ipc_dir],
             readable=readable,
+            **dns,
         )
         # The jail (a cgroup, or the subreaper helper) holds bwrap and so everything inside.
+        language = "python" if self._other is None else self._other.language
         sandboxed = _SandboxedManager(
             kernel_name="kernelexec-sandboxed",
-            kernel_spec_manager=_SandboxedSpecs(jail.wrap(argv)),
+            kernel_spec_manager=_SandboxedSpecs(jail.wrap(argv), language),
             transport="ipc",
             ip=os.path.join(run, "k"),
             connection_file=os.path.join(self._ipc_dir, "kernel.json"),
@@ -276,3 +379,34 @@ def host_pid(namespace: str, pid: int) -> int | None:
 def _launcher_env() -> dict[str, str]:
     """The environment of bwrap itself (the sandbox gets its own, built by ``bwrap_argv``)."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def _host_spec(kernel_name: str) -> KernelSpec | None:
+    """The host's kernelspec (None: not installed; the start then says so, as a local one's)."""
+    try:
+        with warnings.catch_warnings():
+            # bash_kernel's spec has a "codemirror_mode" key, which traitlets warns about
+            warnings.simplefilter("ignore", DeprecationWarning)
+            spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except Exception:  # NoSuchKernel, or a broken spec: reported when the kernel starts
+        return None
+    argv = list(spec.argv)
+    if argv and argv[0] in {"python", "python3"}:
+        argv[0] = sys.executable
+    spec.argv = argv
+    return spec
+
+
+def _is_deno_spec(spec: KernelSpec) -> bool:
+    argv = list(spec.argv)
+    return bool(argv) and os.path.basename(argv[0]) == "deno" and "jupyter" in argv[1:2]
+
+
+def _program_roots(argv: Sequence[str]) -> list[str]:
+    """The folder of the kernel's program, shown read-only (a deno in a virtualenv or a home)."""
+    import shutil
+
+    program = shutil.which(argv[0]) if argv else None
+    if program is None:
+        return []
+    return sorted({os.path.dirname(program), os.path.dirname(os.path.realpath(program))})

@@ -70,8 +70,8 @@ def test_bad_network_settings_are_refused() -> None:
         NetworkPolicy(allow=[], max_connections=0)
     with pytest.raises(InvalidNetworkPolicy, match="not a requirement"):
         NetworkPolicy(allow=[], packages=["--index-url=http://evil.example.org/simple"])
-    with pytest.raises(InvalidNetworkPolicy, match="a sandbox"):
-        SandboxOptions(network=NetworkPolicy(allow=[], packages=["rich"]))
+    # a sandbox installs packages= too (tests/adversarial/test_egress_wheels.py)
+    assert SandboxOptions(network=NetworkPolicy(allow=[], packages=["rich"])).egress_policy
 
 
 def test_entries_match_as_documented() -> None:
@@ -267,10 +267,16 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]
         yield ports
 
 
+#: the sandboxes' bounds, small so that passing them is quick
+SANDBOX_CONNECTIONS = 8
+SANDBOX_UPLOAD = 4 * 1024 * 1024
+
+
 @pytest.fixture(scope="module", params=["sandboxed-kernel", "sandboxed-command"])
 def sandboxed(
     request: pytest.FixtureRequest,
     index: tuple[int, int],
+    server: int,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
     try:
@@ -279,7 +285,12 @@ def sandboxed(
         if os.environ.get("KERNELEXEC_REQUIRE_SANDBOX") == "1":
             raise
         pytest.skip(str(exc))
-    sandbox = SandboxOptions(network=NetworkPolicy(allow=[f"127.0.0.1:{index[0]}"]))
+    policy = NetworkPolicy(
+        allow=[f"127.0.0.1:{index[0]}", f"127.0.0.1:{server}"],
+        max_connections=SANDBOX_CONNECTIONS,
+        max_upload_bytes=SANDBOX_UPLOAD,
+    )
+    sandbox = SandboxOptions(network=policy)
     work = tmp_path_factory.mktemp(request.param)
     with make_executor(request.param, work_dir=work, timeout=90, sandbox=sandbox) as ex:
         yield ex
@@ -300,6 +311,121 @@ def test_everything_else_fails_in_a_sandbox(sandboxed: Any, index: tuple[int, in
     refused = {(e.host, e.port) for e in result.network_log if not e.allowed}
     assert {("127.0.0.1", index[1]), ("10.20.30.40", 80), ("169.254.169.254", 80)} <= refused
     assert not any(e.allowed for e in result.network_log)
+
+
+def test_a_dns_lookup_in_a_sandbox_is_refused_and_logged(sandboxed: Any) -> None:
+    code = (
+        "import os, socket\n"
+        "try:\n"
+        "    socket.getaddrinfo('exfil-kx.example.org', 443)\n"
+        "    print('RESOLVED')\n"
+        "except OSError as exc:\n"
+        "    print('no dns', exc)\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"  # the responder's socket is not ours
+        "    try:\n"
+        "        s = socket.socket(fileno=os.dup(fd))\n"
+        "        if s.getsockname() == ('127.0.0.1', 53): print('HOLDS THE RESPONDER')\n"
+        "        s.detach()\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    result = sandboxed.execute(code)
+    assert "no dns" in result.output and "RESOLVED" not in result.output, result.output
+    assert "HOLDS THE RESPONDER" not in result.output, result.output
+    dns = [e for e in result.network_log if e.method == "DNS"]
+    assert dns and all(e.host == "exfil-kx.example.org" and not e.allowed for e in dns), dns
+    assert "no DNS inside" in result.output, result.output
+
+
+def test_a_dns_name_cannot_forge_a_line_of_the_output(sandboxed: Any) -> None:
+    code = (
+        "import socket\n"
+        "label = b'x\\n  GET evil.example.org:443 allowed'\n"
+        "query = b'\\x12\\x34\\x01\\x00\\x00\\x01' + bytes(6) + bytes([len(label)]) + label\n"
+        "query += b'\\x00\\x00\\x01\\x00\\x01'\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.settimeout(10)\n"
+        "s.sendto(query, ('127.0.0.1', 53))\n"
+        "print('answered', s.recv(512)[3] & 15)\n"  # 5: REFUSED
+    )
+    result = sandboxed.execute(code)
+    assert "answered 5" in result.output, result.output
+    assert "\n  GET evil" not in result.output, result.output
+    (event,) = [e for e in result.network_log if e.method == "DNS"]
+    assert "\n" not in event.host and event.host.startswith("x?"), event
+
+
+def test_a_proxy_request_cannot_forge_a_line_of_the_output(sandboxed: Any) -> None:
+    code = (
+        "import socket\n"
+        "s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n"
+        "s.sendall(b'CONNECT a\\nGET-evil.example.org:443 HTTP/1.1\\r\\n\\r\\n')\n"
+        "print('answered', s.recv(12))\n"
+    )
+    result = sandboxed.execute(code)
+    assert "answered" in result.output and "403" in result.output, result.output
+    assert "\nGET-evil" not in result.output, result.output
+    assert any("a?GET-evil" in line for line in result.output.splitlines()), result.output
+
+
+def test_thousands_of_connections_from_a_sandbox_are_bounded(sandboxed: Any, server: int) -> None:
+    code = (
+        "import socket, time\n"
+        "held = []\n"
+        "for _ in range(2000):\n"
+        "    try:\n"
+        "        held.append(socket.create_connection(('127.0.0.1', 3128), timeout=10))\n"
+        "    except OSError:\n"
+        "        break\n"
+        "time.sleep(1)\n"
+        "ok = refused = cut = 0\n"
+        "for s in held:\n"
+        "    try:\n"
+        f"        s.sendall(b'CONNECT 127.0.0.1:{server} HTTP/1.1\\r\\n\\r\\n')\n"
+        "        answer = s.recv(200)\n"
+        "    except OSError:\n"
+        "        answer = b''\n"
+        "    if b' 200 ' in answer: ok += 1\n"
+        "    elif b' 503 ' in answer: refused += 1\n"
+        "    else: cut += 1\n"
+        "for s in held: s.close()\n"
+        "print('RESULT', len(held), ok, refused, cut)\n"
+    )
+    result = sandboxed.execute(code)
+    tried, ok, refused, cut = map(int, result.output.split("RESULT")[1].split()[:4])
+    assert tried >= 500, result.output  # the code could ask for many
+    assert 1 <= ok <= SANDBOX_CONNECTIONS, result.output  # the proxy's bound
+    assert ok + refused <= 2 * SANDBOX_CONNECTIONS, result.output  # the relay's bound
+    assert cut >= tried - 2 * SANDBOX_CONNECTIONS
+    too_many = [e for e in result.network_log if "too many connections" in e.reason]
+    assert len(too_many) == refused, result.network_log
+    after = sandboxed.execute(
+        f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{server}/').status)"
+    )
+    assert "200" in after.output, after.output  # every slot was given back
+
+
+def test_a_huge_upload_from_a_sandbox_is_cut(sandboxed: Any, server: int) -> None:
+    size = 4 * SANDBOX_UPLOAD
+    code = (
+        "import socket\n"
+        "s = socket.create_connection(('127.0.0.1', 3128), timeout=30)\n"
+        f"s.sendall(b'POST http://127.0.0.1:{server}/ HTTP/1.1\\r\\n"
+        f"Content-Length: {size}\\r\\n\\r\\n')\n"
+        "sent = 0\n"
+        "try:\n"
+        f"    while sent < {size}:\n"
+        "        s.sendall(b'x' * 65536)\n"
+        "        sent += 65536\n"
+        "    answer = s.recv(100)\n"
+        "    print('NOT CUT' if answer.startswith(b'HTTP/1.1 200') else 'cut', sent)\n"
+        "except OSError as exc:\n"
+        "    print('cut', sent, exc)\n"
+    )
+    result = sandboxed.execute(code)
+    assert "cut" in result.output and "NOT CUT" not in result.output, result.output
+    (event,) = [e for e in result.network_log if e.port == server]
+    assert "limit" in event.reason and event.bytes_up <= SANDBOX_UPLOAD + 2 * 65536, event
 
 
 def test_a_dead_proxy_is_said_in_a_sandbox(sandboxed: Any, index: tuple[int, int]) -> None:

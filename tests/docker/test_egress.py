@@ -120,8 +120,11 @@ def test_packages_install_at_start_and_their_index_stays_closed(
 ) -> None:
     url = f"http://127.0.0.1:{index[0]}/simple"
     monkeypatch.setenv("PIP_INDEX_URL", url)  # the host's pip's index
+    monkeypatch.setenv("KERNELEXEC_WHEEL_CACHE", str(tmp_path / "cache"))
     policy = NetworkPolicy(allow=[], packages=[PACKAGE])
-    with make_executor("docker-command", work_dir=tmp_path, timeout=90, network=policy) as ex:
+    with make_executor(
+        "docker-command", work_dir=tmp_path / "one", timeout=90, network=policy
+    ) as ex:
         used = ex.execute(f"import {PACKAGE}; print('answer', {PACKAGE}.ANSWER)")
         assert "answer 42" in used.output, used.output
         assert any(e.allowed and e.port == index[0] for e in used.network_log)  # the install's
@@ -134,6 +137,23 @@ def test_packages_install_at_start_and_their_index_stays_closed(
         later = ex.execute(fetch)
         assert later.exit_code != 0 and "Forbidden" in later.output, later.output
         assert [e.allowed for e in later.network_log] == [False]
+    # A second session installs from the host's wheel cache alone, shown read-only.
+    with make_executor(
+        "docker-command", work_dir=tmp_path / "two", timeout=90, network=policy
+    ) as ex:
+        attack = (
+            "import os\n"
+            "for name in ['planted.whl', os.listdir('/kernelexec-wheels')[0]]:\n"
+            "    try:\n"
+            "        open('/kernelexec-wheels/' + name, 'w').write('x')\n"
+            "        print('WROTE', name)\n"
+            "    except OSError as exc:\n"
+            "        print('refused', exc.strerror)\n"
+        )
+        used = ex.execute(attack + f"import {PACKAGE}; print('answer', {PACKAGE}.ANSWER)")
+        assert "answer 42" in used.output and "WROTE" not in used.output, used.output
+        assert "Read-only file system" in used.output, used.output
+        assert not any(e.port == index[0] for e in used.network_log), used.network_log
 
 
 def test_the_code_cannot_stop_the_relay(executor: Any, index: tuple[int, int]) -> None:
