@@ -373,12 +373,18 @@ def build_launcher_image(
                 labels=labels,
             )
         progress(f"Built {tag} (recipe {recipe}).")
-        if previous is not None and previous != call("inspect", _image_id, client, tag):
-            with contextlib.suppress(docker.errors.APIError):  # in use: the engine refuses
-                client.images.remove(previous)
+        _drop_replaced(client, previous, tag)
         return BuildResult(tag=tag, recipe=recipe, skipped=False)
     finally:
         client.close()
+
+
+def _drop_replaced(client: docker.DockerClient, previous: str | None, tag: str) -> None:
+    """Remove the image ``tag`` named before a build, if the build replaced it (an image still
+    in use stays: the engine refuses)."""
+    if previous is not None and previous != call("inspect", _image_id, client, tag):
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(previous)
 
 
 def _download_wheels(dest: Path, versions: dict[str, str], progress: Progress) -> None:
@@ -500,9 +506,7 @@ def build_language_image(
                 network_mode="host",  # apt inside reaches the mirror as the host does
             )
         progress(f"Built {tag} (recipe {recipe}; languages {', '.join(wanted)}).")
-        if previous is not None and previous != call("inspect", _image_id, client, tag):
-            with contextlib.suppress(docker.errors.APIError):  # in use: the engine refuses
-                client.images.remove(previous)
+        _drop_replaced(client, previous, tag)
         return BuildResult(tag=tag, recipe=recipe, skipped=False)
     finally:
         client.close()

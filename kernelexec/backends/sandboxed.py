@@ -215,13 +215,16 @@ class SandboxedKernel(LocalKernel):
                 conn.connect(path)
         before = self._block_pids
         if before is not None and self._jail is not None:
-            self._jail.kill_new(before, spare=(self._launched_pid(), self.pid))
+            await self._jail.kill_new_after_sigint(before, (self._launched_pid(), self.pid))
 
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         if self._other_name and self._other is None:
             raise KernelStartFailed(f"no kernelspec named {self._other_name!r}")
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
-        python = self.python or _kernelspec_python(self.kernel_name)
+        # the session's packages= are Python's, whichever language this kernel runs
+        python = self.python or (
+            sys.executable if self._other is not None else _kernelspec_python(self.kernel_name)
+        )
         await self._egress.install(work_dir, python)
         await super().start(work_dir=work_dir, env=env, timeout=timeout)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -54,6 +56,18 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _other_kernelspecs(tmp: Path) -> str:
+    """A Jupyter data dir holding the test environment's other kernelspecs (Deno's and
+    bash_kernel's are installed into it, not system-wide), for the gateway to list beside its
+    own; not its python3, which would shadow the gateway's own Python kernel."""
+    shared = tmp / "jupyter"
+    source = Path(sys.prefix, "share", "jupyter", "kernels")
+    for spec in sorted(source.iterdir()) if source.is_dir() else []:
+        if spec.name != "python3":
+            shutil.copytree(spec, shared / "kernels" / spec.name)
+    return str(shared)
 
 
 def _wait_until_up(url: str, token: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -104,7 +118,11 @@ def run_gateway(name: str) -> Iterator[Gateway]:
         tmp_path = Path(tmp)
         runtime = tmp_path / "runtime"
         log = tmp_path / "server.log"
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIME_DIR": str(runtime),
+            "JUPYTER_PATH": _other_kernelspecs(tmp_path),
+        }
         argv = [
             str(binary),
             f"--{app}.ip=127.0.0.1",
