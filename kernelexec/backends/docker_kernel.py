@@ -536,18 +536,8 @@ class DockerKernel(KernelBackend):
                         "the work dir's path on the Docker host."
                     )
                 raise KernelStartFailed(f"the kernel's container stopped while starting:\n{logs}")
-            client.kernel_info()
-            try:
-                await client.get_shell_msg(timeout=min(1.0, remaining))
-                # A reply on shell is not enough: iopub must be subscribed too, or the first
-                # block's output could be lost. kernel_info makes the kernel publish a status.
-                await client.get_iopub_msg(timeout=min(1.0, max(remaining, 0.1)))
-            except queue.Empty:
-                continue
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    await client.get_iopub_msg(timeout=0.05)
-            return
+            if await _answers(client, remaining):
+                return
         raise KernelStartFailed("the kernel in the container did not answer in time")
 
     def _logs(self) -> str:
@@ -867,16 +857,8 @@ class DockerLanguageKernel(KernelBackend):
         while (remaining := deadline - _now()) > 0:
             if await self.seems_gone():
                 raise self._start_failed()
-            client.kernel_info()
-            try:
-                await client.get_shell_msg(timeout=min(1.0, remaining))
-                await client.get_iopub_msg(timeout=min(1.0, max(remaining, 0.1)))
-            except queue.Empty:
-                continue
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    await client.get_iopub_msg(timeout=0.05)
-            return
+            if await _answers(client, remaining):
+                return
         what = f"the {self.kernel_name} kernel in the container"
         raise KernelStartFailed(f"{what} did not answer in time")
 
@@ -947,3 +929,20 @@ class DockerLanguageKernel(KernelBackend):
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
+
+
+async def _answers(client: Any, remaining: float) -> bool:
+    """One kernel_info round: True once the kernel replied on shell and was heard on iopub
+    (its queued iopub messages drained). A reply on shell is not enough: iopub must be
+    subscribed too, or the first block's output could be lost; kernel_info makes the kernel
+    publish a status."""
+    client.kernel_info()
+    try:
+        await client.get_shell_msg(timeout=min(1.0, remaining))
+        await client.get_iopub_msg(timeout=min(1.0, max(remaining, 0.1)))
+    except queue.Empty:
+        return False
+    with contextlib.suppress(queue.Empty):
+        while True:
+            await client.get_iopub_msg(timeout=0.05)
+    return True
