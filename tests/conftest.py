@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_xdist import xdist_group
+from kx_xdist import group_weight, xdist_group
 
 # Folder name -> marker (each declared in pyproject.toml; --strict-markers is on).
 _TIERS = {
@@ -47,6 +47,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class _Groups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest group waiting goes first: one started last becomes the run's tail
+            # while the other workers idle (xdist orders by test count, and the Swarm tier's
+            # few tests are among the longest).
+            if self.workqueue:
+                queue = self.workqueue
+                longest = max(queue, key=lambda g: group_weight(g, len(queue[g])))
+                queue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
 
     return _Groups(config, log)
 

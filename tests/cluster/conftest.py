@@ -71,14 +71,15 @@ def _remove_network(network: Any) -> None:
     """Remove the network once the engine has let go of the last task on it."""
     import time
 
-    for _ in range(50):
+    deadline = time.monotonic() + 60  # a loaded engine lets go of removed tasks slowly
+    while time.monotonic() < deadline:
         try:
             network.remove()
             return
         except docker.errors.NotFound:
             return
         except docker.errors.APIError:
-            time.sleep(0.2)
+            time.sleep(0.5)
     network.remove()
 
 

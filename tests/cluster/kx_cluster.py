@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class Swarm:
         ``KernelExecutor`` on a ``ProvisionedKernel``), ``services()`` and ``report(**items)``.
         """
         code = _PRELUDE + textwrap.dedent(script) + _EPILOGUE
-        container = self.client.containers.run(
+        container = self.client.containers.create(
             DEFAULT_IMAGE,
             [sys.executable, "-c", code],
             volumes={**_mounts(), str(self.prefix): {"bind": str(self.prefix), "mode": "ro"}},
@@ -96,9 +97,9 @@ class Swarm:
             user="0:0",  # the engine's socket is root's
             network=self.network,
             labels={LABEL: "driver"},
-            detach=True,
         )
         try:
+            _start(container)
             status = container.wait(timeout=timeout)
             out = container.logs(stdout=True, stderr=False).decode()
             err = container.logs(stdout=False, stderr=True).decode()
@@ -108,6 +109,22 @@ class Swarm:
         assert status["StatusCode"] == 0 and lines, f"driver failed:\n{out[-3000:]}\n{err[-3000:]}"
         result: dict[str, Any] = json.loads(lines[-1][len(REPORT) :])
         return result
+
+
+def _start(container: Any) -> None:
+    """Start ``container`` on the overlay network. The engine can answer "network … not found"
+    for an attachable overlay network that exists, when the node is tearing down its local
+    instance as the network's last task on the node leaves (seen on a loaded engine):
+    start again."""
+    for _ in range(5):
+        try:
+            container.start()
+            return
+        except docker.errors.NotFound as exc:
+            if "network" not in str(exc):
+                raise
+            time.sleep(1)
+    container.start()
 
 
 _PRELUDE = """

@@ -42,3 +42,13 @@ def test_docker_files_share_two_groups_sweeps_one_and_other_files_one_each() -> 
     assert xdist_group("tests/docker/test_docker_lifecycle.py::test_x") == "sweeps"
     assert xdist_group("tests/unit/test_door.py::test_x") == "tests/unit/test_door.py"
     assert xdist_group("tests/unit/test_door.py::Cls::test_y") == "tests/unit/test_door.py"
+
+
+def test_every_measured_group_still_exists() -> None:
+    """A renamed or removed file's figure would silently stop ordering anything."""
+    from kx_xdist import _MEASURED, group_weight
+
+    groups = {xdist_group(f"tests/{p.relative_to(TESTS)}::t") for p in TESTS.glob("*/test_*.py")}
+    assert set(_MEASURED) - groups == set()
+    assert group_weight("cluster", 3) == _MEASURED["cluster"]
+    assert group_weight("tests/unit/test_door.py", 10) > group_weight("tests/unit/x.py", 2)
