@@ -65,9 +65,11 @@ def check_timeout_keeps_state(
     started = time.monotonic()
     result = ex.execute(stuck, language, timeout=2)
     assert time.monotonic() - started < 30
-    assert (result.exit_code, result.timed_out, result.state_lost) == (124, True, False)
-    assert result.error is not None and result.error.ename == "Timeout"
-    assert ex.execute(check, language).output == expected
+    outcome = (result.exit_code, result.timed_out, result.state_lost)
+    assert outcome == (124, True, False), (outcome, result.output)
+    assert result.error is not None and result.error.ename == "Timeout", result.output
+    after = ex.execute(check, language)
+    assert after.output == expected, after.output
     return result
 
 
