@@ -121,37 +121,32 @@ mkfifo fifo && ln -s {bait} kernel-tcp.json.new
 """
 
 
-def test_a_block_cannot_replace_its_kernels_sockets(tmp_path: Path) -> None:
+def test_a_block_cannot_replace_its_kernels_sockets(ex: KernelExecutor, tmp_path: Path) -> None:
     """The bash kernel's bridge binds its channel and interrupt sockets in the run folder the
     sandbox's user wrote them in. Were it still writable once the kernel runs, a block would swap
-    them for links: the host (root) follows each on an interrupt or a reconnect."""
-    if (why := sandbox_unavailable()) is not None:
-        pytest.skip(why)
-    need_kernels("bash")
+    them for links: the host (root) follows each on an interrupt or a reconnect. (Last: it kills
+    the shared session's bash kernel, which the next bash block would start afresh.)"""
     bait = _Bait(tmp_path / "bait.sock")
     try:
-        with make_executor(
-            "sandboxed-kernel", work_dir=tmp_path / "work", timeout=60, languages={"bash": "bash"}
-        ) as ex:
-            assert ex.execute("LEFT=7", "bash").exit_code == 0
-            ipc_dir = ex.aio._others["bash"].backend._ipc_dir  # type: ignore[attr-defined]
-            run = Path(ipc_dir) / "run"
-            # A Python block (another sandbox) does not even see the bash kernel's folder, and
-            # cannot replace its own kernel's sockets either.
-            seen = ex.execute(f"import os\nprint(os.path.exists({str(run)!r}))")
-            assert seen.output == "False\n"
-            own = f"os.symlink({str(bait.path)!r}, os.environ['IPYTHONDIR'] + '/../k-1.new')"
-            python = ex.execute(own)
-            assert python.error is not None and python.error.ename == "PermissionError"
-            planted = ex.execute(PLANT.format(run=run, bait=bait.path), "bash")
-            assert "Permission denied" in planted.output, planted.output
-            assert sorted(p.name for p in run.iterdir() if p.is_symlink()) == []
-            stuck = ex.execute("sleep 120", "bash", timeout=2)  # the host interrupts
-            assert (stuck.timed_out, stuck.state_lost) == (True, False)
-            assert ex.execute("echo $LEFT", "bash").output == "7\n"  # the same kernel
-            died = ex.execute("kill -9 $PPID", "bash")  # the host's channels reconnect
-            assert died.kernel_died
-            time.sleep(1)
+        assert ex.execute("LEFT=7", "bash").exit_code == 0
+        ipc_dir = ex.aio._others["bash"].backend._ipc_dir  # type: ignore[attr-defined]
+        run = Path(ipc_dir) / "run"
+        # A Python block (another sandbox) does not even see the bash kernel's folder, and
+        # cannot replace its own kernel's sockets either.
+        seen = ex.execute(f"import os\nprint(os.path.exists({str(run)!r}))")
+        assert seen.output == "False\n"
+        own = f"os.symlink({str(bait.path)!r}, os.environ['IPYTHONDIR'] + '/../k-1.new')"
+        python = ex.execute(own)
+        assert python.error is not None and python.error.ename == "PermissionError"
+        planted = ex.execute(PLANT.format(run=run, bait=bait.path), "bash")
+        assert "Permission denied" in planted.output, planted.output
+        assert sorted(p.name for p in run.iterdir() if p.is_symlink()) == []
+        stuck = ex.execute("sleep 120", "bash", timeout=2)  # the host interrupts
+        assert (stuck.timed_out, stuck.state_lost) == (True, False)
+        assert ex.execute("echo $LEFT", "bash").output == "7\n"  # the same kernel
+        died = ex.execute("kill -9 $PPID", "bash")  # the host's channels reconnect
+        assert died.kernel_died
+        time.sleep(1)
         assert bait.connected == 0
     finally:
         bait.close()
