@@ -150,17 +150,22 @@ def _ctrl_c_interrupts(executor: SyncExecutor[Any]) -> Iterator[None]:
     """While a block runs, SIGINT interrupts the kernel instead of raising here.
 
     Raising ``KeyboardInterrupt`` in the waiting thread would abandon the execute request in
-    mid-protocol. An executor without ``interrupt()`` (stateless) keeps the default handler.
+    mid-protocol. An executor without ``interrupt()`` (stateless) gets Python's default handler
+    (``KeyboardInterrupt``, which cancels the call) set, not merely kept: a REPL started where
+    SIGINT is ignored (a background job of a script: the ignoring is inherited) would otherwise
+    let Ctrl-C do nothing until the block ended.
     """
-    interrupt = getattr(executor, "interrupt", None)
-    if interrupt is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    interrupt: Callable[[], object] | None = getattr(executor, "interrupt", None)
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
-        interrupt()
+        if interrupt is not None:
+            interrupt()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    handler = signal.default_int_handler if interrupt is None else on_sigint
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:

@@ -46,10 +46,15 @@ OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
 READY = 0
 _CHUNK = 65536
 
+# The helpers the script uses (copy, connect_when_listening, answer_dns), as source.
+_INSIDE = Path(__file__).with_name("_relay_inside.py").read_text()
+
 # Runs in the container (``python3 -I -S -c RELAY_SCRIPT [PORT MAX]``): the stdlib only, threads
 # for the connections (a block can flood iopub while the host sends a shell message).
-RELAY_SCRIPT = r"""
-import os, socket, struct, sys, threading, time
+RELAY_SCRIPT = (
+    _INSIDE
+    + r"""
+import os, socket, struct, sys, threading
 HEADER = struct.Struct(">IBI")
 OPEN, DATA, CLOSE, DNS, SYNC = 1, 2, 3, 4, 5
 INSIDE = 0x80000000
@@ -83,24 +88,18 @@ def pump(cid, conn):
     conn.close()
 
 def connect(cid, port):
-    # The host's client connects as soon as the relay runs, usually before the kernel listens:
-    # keep trying (what it sends meanwhile waits in `pending`) rather than refuse, which would
-    # cost the client a reconnect and a lost first request.
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
-            break
-        except OSError:
-            with lock:
-                wanted = cid in pending
-            if not wanted or time.monotonic() > deadline:
-                with lock:
-                    pending.pop(cid, None)
-                send(cid, CLOSE)
-                return
-            time.sleep(0.02)
-    conn.settimeout(None)
+    # Kept trying while the host holds it open (what it sends meanwhile waits in `pending`)
+    # rather than refused, which would cost the client a reconnect and a lost first request.
+    def wanted():
+        with lock:
+            return cid in pending
+
+    conn = connect_when_listening(port, wanted)
+    if conn is None:
+        with lock:
+            pending.pop(cid, None)
+        send(cid, CLOSE)
+        return
     with lock:
         waiting = pending.pop(cid, None)
         if waiting is not None:
@@ -130,22 +129,10 @@ def accept(listener, limit):
         send(cid, OPEN)
         threading.Thread(target=pump, args=(cid, conn), daemon=True).start()
 
-def dns_trap(trap):
-    # The container's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
-    # here and its name told to the host, which logs it.
-    while True:
-        data, peer = trap.recvfrom(4096)
-        pos, labels = 12, []
-        try:
-            while data[pos]:
-                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
-                pos += 1 + data[pos]
-            question = data[12:pos + 5]
-        except IndexError:
-            continue
-        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
-        send(0, DNS, ".".join(labels)[:253].encode())  # told before answered: see SYNC
-        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+def tell_dns(name):
+    # The container's resolver is 127.0.0.1: each name goes to the host (which logs it) as a
+    # frame, before its query is answered (see SYNC).
+    send(0, DNS, name)
 
 def read_exact(size):
     chunks = []
@@ -165,7 +152,7 @@ if len(sys.argv) > 2:
     trap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     trap.bind(("127.0.0.1", 53))
     threading.Thread(target=accept, args=(listener, int(sys.argv[2])), daemon=True).start()
-    threading.Thread(target=dns_trap, args=(trap,), daemon=True).start()
+    threading.Thread(target=answer_dns, args=(trap, tell_dns), daemon=True).start()
     send(0, OPEN)  # listening
 while True:
     head = read_exact(HEADER.size)
@@ -207,6 +194,7 @@ while True:
             except OSError:
                 pass
 """
+)
 
 
 class Relay:

@@ -827,11 +827,16 @@ def _down_record() -> _Record:
     )
 
 
+# The helpers the script uses (copy, connect_when_listening, answer_dns), as source.
+_INSIDE = Path(__file__).with_name("_relay_inside.py").read_text()
+
 # -- bubblewrap: the sandbox's loopback port to the proxy's socket bound inside ------------------
 # Runs inside the sandbox (``python -I -S -c SANDBOX_LAUNCHER SOCKET PORT MAX argv...``): binds
 # the loopback port, forks the relay (its stdio closed: the block's output must end with the
 # block), and execs ``argv``. The relay ends with the sandbox (its pid namespace).
-SANDBOX_LAUNCHER = r"""
+SANDBOX_LAUNCHER = (
+    _INSIDE
+    + r"""
 import os, socket, sys, threading
 path, port, limit, report = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 argv = sys.argv[5:]
@@ -857,15 +862,11 @@ lock = threading.Lock()
 REFUSED = b"kernelexec: the egress proxy is not running\n"
 
 def pump(src, dst):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+    if copy(src, dst):
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
 def serve(conn):
     up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -887,30 +888,19 @@ def serve(conn):
     with lock:
         active[0] -= 1
 
-def dns_trap(trap):
-    # The sandbox's resolver is 127.0.0.1 (no DNS inside): every query is answered REFUSED
-    # here, its name told to the host first (a datagram it logs; dropped when its queue is full)
-    out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    while True:
-        data, peer = trap.recvfrom(4096)
-        pos, labels = 12, []
-        try:
-            while data[pos]:
-                labels.append(data[pos + 1:pos + 1 + data[pos]].decode("ascii", "replace"))
-                pos += 1 + data[pos]
-            question = data[12:pos + 5]
-        except IndexError:
-            continue
-        try:
-            out.sendto(".".join(labels)[:253].encode(), socket.MSG_DONTWAIT, report)
-        except OSError:
-            pass
-        flags = bytes([0x80 | (data[2] & 0x79), 0x85])
-        trap.sendto(data[:2] + flags + b"\0\1\0\0\0\0\0\0" + question, peer)
+told = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+def tell_dns(name):
+    # The sandbox's resolver is 127.0.0.1: each name goes to the host (which logs it) as a
+    # datagram, before its query is answered; dropped when the host's queue is full.
+    try:
+        told.sendto(name, socket.MSG_DONTWAIT, report)
+    except OSError:
+        pass
 
 if trap is not None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, fileno=int(trap))
-    threading.Thread(target=dns_trap, args=(sock,), daemon=True).start()
+    threading.Thread(target=answer_dns, args=(sock, tell_dns), daemon=True).start()
 while True:
     conn, _ = listener.accept()
     with lock:
@@ -922,6 +912,7 @@ while True:
         continue
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 """
+)
 
 
 def sandbox_argv(egress: Egress, argv: list[str], python: str) -> list[str]:

@@ -11,12 +11,19 @@ exits with the kernel (and the kernel with it: bwrap's pid namespace ends).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 #: the unix socket (``ip`` + this suffix) whose connection interrupts the kernel
 INTERRUPT_SUFFIX = "-interrupt"
 #: stands for the kernel's own connection file in its argv (the bridge writes that file)
 KERNEL_FILE = "@KERNELEXEC_KERNEL_FILE@"
 
-BRIDGE_SCRIPT = r"""
+# The helpers the script uses (copy, connect_when_listening, answer_dns), as source.
+_INSIDE = Path(__file__).with_name("_relay_inside.py").read_text()
+
+BRIDGE_SCRIPT = (
+    _INSIDE
+    + r"""
 import json, os, signal, socket, subprocess, sys, threading
 host_file, argv = sys.argv[1], sys.argv[2:]
 with open(host_file) as f:
@@ -37,14 +44,7 @@ argv = [a.replace("@KERNEL_FILE@", inner_file) for a in argv]
 proc = subprocess.Popen(argv, start_new_session=True)
 
 def pump(src, dst):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
+    copy(src, dst)
     for s in (src, dst):
         try:
             s.shutdown(socket.SHUT_RDWR)
@@ -52,18 +52,10 @@ def pump(src, dst):
             pass
 
 def carry(conn, port):
-    import time
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            out = socket.create_connection(("127.0.0.1", port), timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                conn.close()
-                return
-            time.sleep(0.02)
-    out.settimeout(None)
+    out = connect_when_listening(port, lambda: proc.poll() is None)
+    if out is None:
+        conn.close()
+        return
     threading.Thread(target=pump, args=(conn, out), daemon=True).start()
     pump(out, conn)
 
@@ -89,3 +81,4 @@ threading.Thread(target=serve, args=(info["ip"] + "@INTERRUPT@", None), daemon=T
 code = proc.wait()
 sys.exit(code if code >= 0 else 128 - code)
 """.replace("@INTERRUPT@", INTERRUPT_SUFFIX).replace("@KERNEL_FILE@", KERNEL_FILE)
+)

@@ -233,11 +233,14 @@ class SandboxedKernel(LocalKernel):
         assert self._work_dir is not None and self._ipc_dir is not None
         # The runtime dir stays the host's (its log, the connection file: nothing the code can
         # replace with a link); the kernel binds its sockets and keeps its files in "run", the
-        # one folder in it the sandbox's user may write.
+        # one folder in it the sandbox's user may write until the kernel is up (_seal_run).
         os.chmod(self._ipc_dir, 0o711)
         run = os.path.join(self._ipc_dir, "run")
         os.mkdir(run, 0o700)
         give_to_sandbox(run, self.sandbox)
+        for own in _KERNEL_FOLDERS:  # made now: "run" is sealed before the kernel makes them
+            os.mkdir(os.path.join(run, own), 0o700)
+            give_to_sandbox(os.path.join(run, own), self.sandbox)
         if self._other is not None:
             # Another language's kernel: run by the bridge (``_sandbox_bridge``) with the host's
             # interpreter, its program shown read-only wherever it lies.
@@ -292,6 +295,29 @@ class SandboxedKernel(LocalKernel):
         sandboxed.shutdown_wait_time = km.shutdown_wait_time
         return sandboxed
 
+    async def _connect(self, timeout: float) -> None:
+        await super()._connect(timeout)
+        await self._seal_run()
+
+    async def _seal_run(self) -> None:
+        """Take "run" back from the sandbox's user once the kernel answered: its sockets (and
+        the bridge's) are bound by then. A block can no longer remove or replace them (with a
+        link to a host socket, which the host, root, would connect to on an interrupt or when
+        its channels reconnect after the kernel died). On a host that is not root the sandbox's
+        user is the host's: the folder stays theirs, only its mode changes."""
+        assert self._ipc_dir is not None
+        run = os.path.join(self._ipc_dir, "run")
+        if self._other is not None:
+            # The bridge binds its interrupt socket beside the channels': wait for it, briefly.
+            interrupt = os.path.join(run, "k" + INTERRUPT_SUFFIX)
+            for _ in range(100):
+                if os.path.exists(interrupt):
+                    break
+                await asyncio.sleep(0.05)
+        if host_is_root():
+            os.chown(run, 0, 0)
+        os.chmod(run, 0o711)  # entered (the kernel's own folders, its sockets), not written
+
     async def take_network_log(self) -> list[NetworkEvent]:
         return await self._egress.take()
 
@@ -331,6 +357,10 @@ class _SandboxedManager(AsyncKernelManager):
         super().write_connection_file(**kwargs)
         if self.sandbox is not None:
             give_to_sandbox(self.connection_file, self.sandbox)
+
+
+#: the folders the kernel writes in "run" (IPython's, Matplotlib's, Deno's): the sandbox's
+_KERNEL_FOLDERS = ("ipython", "matplotlib", "deno")
 
 
 def _kernelspec_python(kernel_name: str) -> str:

@@ -7,13 +7,16 @@ import gc
 import os
 import socket
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 import pytest
 
+from kernelexec import DockerUnavailable
 from kernelexec.backends._docker import LABEL_SESSION
 
 
@@ -98,6 +101,51 @@ def collect_sdk_sockets() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+class Session(Protocol):
+    """What both Docker executors (command and kernel) offer these checks."""
+
+    def start(self) -> object: ...
+    def execute(self, code: str) -> object: ...
+    def close(self) -> None: ...
+
+
+def check_close_is_fast(client: docker.DockerClient, ex: Session, session: str) -> None:
+    """Closing takes under 3 s and removes the session's container."""
+    started = time.perf_counter()
+    ex.close()
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3, f"close took {elapsed:.2f} s"
+    assert containers_of(client, session) == []
+
+
+def check_engine_dying_mid_block(
+    client: docker.DockerClient,
+    folder: Path,
+    open_session: Callable[[str], tuple[Session, str]],
+    block: str,
+) -> None:
+    """A block running when the engine goes away is a DockerUnavailable within seconds, and
+    closing then neither hangs nor raises. ``open_session(base_url)`` makes the executor (not
+    started) and names its session."""
+    proxy = SocketProxy(folder / "engine.sock")
+    ex, session = open_session(proxy.url)
+    try:
+        ex.start()
+        timer = threading.Timer(1.0, proxy.close)
+        timer.start()
+        started = time.perf_counter()
+        with pytest.raises(DockerUnavailable, match="Docker engine"):
+            ex.execute(block)
+        assert time.perf_counter() - started < 15
+        ex.close()  # the engine is unreachable: closing must not hang or raise
+    finally:
+        proxy.close()
+        ex.close()
+        for container in containers_of(client, session):
+            container.remove(force=True)
+        collect_sdk_sockets()
 
 
 def gvisor_problem(client: docker.DockerClient) -> str | None:

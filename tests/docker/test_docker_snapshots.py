@@ -8,18 +8,14 @@ file is refused before anything in it is read, and the session it was offered to
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import io
-import json
 import os
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 from kx_docker_helpers import containers_of, require_runtime
+from kx_snapshots import resign
 
 from kernelexec import ForkUnsupported, KernelExecutor, SnapshotError
 from kernelexec._errors import BackendUnavailable
@@ -130,21 +126,7 @@ def test_a_bad_snapshot_leaves_the_session_as_it_was(
         with pytest.raises(SnapshotError, match="signature does not match"):
             gvisor.restore(bad, key=KEY)
     other = tmp_path / "other-python.kx"
-    _resign(saved, other, {"python": [3, 99, 0]})
+    resign(saved, other, {"python": [3, 99, 0]}, KEY)
     with pytest.raises(SnapshotError, match=r"written by Python 3\.99"):
         gvisor.restore(other, key=KEY)
     assert gvisor.execute("print(marker)").output.strip() == "still here"
-
-
-def _resign(path: Path, out: Path, change: dict[str, object]) -> None:
-    """A copy of the snapshot with its manifest changed, signed again with the right key."""
-    data = path.read_bytes()
-    fresh = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data[40:])) as src, zipfile.ZipFile(fresh, "w") as dst:
-        for info in src.infolist():
-            content = src.read(info)
-            if info.filename == "manifest.json":
-                content = json.dumps({**json.loads(content), **change}).encode()
-            dst.writestr(info, content)
-    signed = fresh.getvalue()
-    out.write_bytes(data[:8] + hmac.new(KEY, signed, hashlib.sha256).digest() + signed)

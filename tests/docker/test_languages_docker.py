@@ -17,6 +17,15 @@ from pathlib import Path
 import docker
 import pytest
 from kx_docker_helpers import containers_of, processes, require_runtime
+from kx_languages import (
+    TIMEOUT_FIELDS,
+    check_errors_are_error_info,
+    check_flood_is_held_to_the_budget,
+    check_notebook_cells_have_their_languages,
+    check_r_stdin_is_answered,
+    check_timeout_keeps_state,
+    timeout_cases,
+)
 
 from kernelexec import DockerKernel, KernelExecutor
 from kernelexec.backends._docker_options import LANGUAGES_IMAGE
@@ -109,32 +118,14 @@ def test_rich_outputs_and_errors(ex: KernelExecutor) -> None:
     assert plot.exit_code == 0 and len(pngs) == 1
     assert pngs[0].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert f"[image/png saved to outputs/{pngs[0].name}]" in plot.output
-    r_error = ex.execute("kept <- 'yes'\nstop('no such table')", "r")
-    assert r_error.exit_code == 1 and r_error.error is not None
-    assert "no such table" in r_error.error.evalue
-    js_error = ex.execute("throw new TypeError('bad shape')", "javascript")
-    assert js_error.error is not None
-    assert (js_error.error.ename, js_error.error.evalue) == ("TypeError", "bad shape")
-    assert ex.execute("cat(kept)", "r").output == "yes"
+    check_errors_are_error_info(ex)
 
 
-@pytest.mark.parametrize(
-    ("language", "setup", "stuck", "check", "expected"),
-    [
-        ("r", "left <- 5", "system('sleep 300')", "cat(left)", "5"),
-        ("javascript", "var left = 6", "while (true) {}", "left", "6"),
-        ("bash", "LEFT=7", "sleep 300", "echo $LEFT", "7\n"),
-    ],
-)
+@pytest.mark.parametrize(TIMEOUT_FIELDS, timeout_cases("system('sleep 300')", "sleep 300"))
 def test_a_timeout_interrupts_the_block_and_keeps_the_state(
     ex: KernelExecutor, language: str, setup: str, stuck: str, check: str, expected: str
 ) -> None:
-    assert ex.execute(setup, language).exit_code == 0
-    started = time.monotonic()
-    result = ex.execute(stuck, language, timeout=2)
-    assert time.monotonic() - started < 30
-    assert (result.exit_code, result.timed_out, result.state_lost) == (124, True, False)
-    assert ex.execute(check, language).output == expected
+    check_timeout_keeps_state(ex, language, setup, stuck, check, expected)
     # What the block started in the container is gone (the container's reaper).
     backend = ex.aio.backend
     assert isinstance(backend, DockerKernel)
@@ -142,34 +133,15 @@ def test_a_timeout_interrupts_the_block_and_keeps_the_state(
 
 
 def test_a_flood_is_held_to_the_output_budget(ex: KernelExecutor) -> None:
-    result = ex.execute('for (i in 1:20) cat(strrep("x", 50000), "\\n")', "r")
-    assert result.exit_code == 0 and result.truncated
-    assert len(result.output) < 30_000
-    assert result.full_output_file is not None
-    assert Path(result.full_output_file).stat().st_size > 1_000_000
+    check_flood_is_held_to_the_budget(ex)
 
 
 def test_an_r_block_that_reads_stdin_is_answered(ex: KernelExecutor) -> None:
-    started = time.monotonic()
-    asked = ex.execute("answer <- readline('name? ')\ncat('[', answer, ']', sep = '')", "r")
-    assert time.monotonic() - started < 20  # no hang
-    assert asked.exit_code == 0 and asked.stdout == "[]"
-    assert "no input callback" in asked.stderr
-    ex.aio.input_callback = lambda prompt: "Ada"
-    try:
-        assert ex.execute("cat(readline('name? '))", "r").output == "Ada"
-    finally:
-        ex.aio.input_callback = None
+    check_r_stdin_is_answered(ex)
 
 
 def test_the_session_notebook_has_each_cell_with_its_language(ex: KernelExecutor) -> None:
-    ex.execute("x <- 1", "r")
-    path = ex.aio._notebook.path
-    assert path is not None
-    cells = json.loads(path.read_text())["cells"]
-    languages = {c["metadata"]["kernelexec"]["language"] for c in cells if c["cell_type"] == "code"}
-    assert {"python", "r", "javascript", "typescript", "shell"} <= languages
-    assert "".join(cells[-1]["source"]) == "x <- 1"
+    check_notebook_cells_have_their_languages(ex)
 
 
 def test_death_is_noticed_and_a_python_restart_ends_the_other_kernels(ex: KernelExecutor) -> None:

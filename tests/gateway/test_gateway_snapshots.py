@@ -8,16 +8,12 @@ from the executor's local work dir) shows that files went over the protocol.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import io
-import json
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gateway_servers import Gateway
+from kx_snapshots import resign
 
 from kernelexec import ForkUnsupported, KernelExecutor, SessionBusy, SnapshotError
 from kernelexec.backends.fork_kernel import ForkKernel
@@ -115,7 +111,7 @@ def test_a_bad_snapshot_is_refused_on_a_gateway(
         with pytest.raises(SnapshotError, match="signature does not match"):
             KernelExecutor.resume(bad, key=KEY, backend=kernel_gateway.backend(), timeout=60)
     other = tmp_path / "other-python.kx"
-    _resign(saved, other, {"python": [3, 99, 0]})
+    resign(saved, other, {"python": [3, 99, 0]}, KEY)
     with pytest.raises(SnapshotError, match=r"written by Python 3\.99"):
         KernelExecutor.resume(other, key=KEY, backend=kernel_gateway.backend(), timeout=60)
 
@@ -134,17 +130,3 @@ def test_snapshot_and_fork_while_a_block_runs_are_refused(ex: KernelExecutor) ->
             ex.snapshot(Path("/nonexistent/never-written.kx"), key=KEY)
     finally:
         runner.join()
-
-
-def _resign(path: Path, out: Path, change: dict[str, object]) -> None:
-    """A copy of the snapshot with its manifest changed, signed again with the right key."""
-    data = path.read_bytes()
-    fresh = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data[40:])) as src, zipfile.ZipFile(fresh, "w") as dst:
-        for info in src.infolist():
-            content = src.read(info)
-            if info.filename == "manifest.json":
-                content = json.dumps({**json.loads(content), **change}).encode()
-            dst.writestr(info, content)
-    signed = fresh.getvalue()
-    out.write_bytes(data[:8] + hmac.new(KEY, signed, hashlib.sha256).digest() + signed)

@@ -17,7 +17,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_languages import need_kernels
+from kx_languages import (
+    TIMEOUT_FIELDS,
+    check_errors_are_error_info,
+    check_flood_is_held_to_the_budget,
+    check_notebook_cells_have_their_languages,
+    check_r_stdin_is_answered,
+    check_timeout_keeps_state,
+    gone,
+    need_kernels,
+    running,
+    timeout_cases,
+)
 
 from kernelexec import (
     AsyncKernelExecutor,
@@ -106,72 +117,30 @@ def test_an_r_plot_comes_back_as_a_png_file(ex: KernelExecutor) -> None:
 
 
 def test_errors_are_error_info_and_the_kernel_goes_on(ex: KernelExecutor) -> None:
-    r_error = ex.execute("kept <- 'yes'\nstop('no such table')", "r")
-    assert r_error.exit_code == 1 and r_error.error is not None
-    assert "no such table" in r_error.error.evalue
-    js_error = ex.execute("throw new TypeError('bad shape')", "javascript")
-    assert js_error.exit_code == 1 and js_error.error is not None
-    assert (js_error.error.ename, js_error.error.evalue) == ("TypeError", "bad shape")
-    sh_error = ex.execute("false", "bash")
-    assert sh_error.exit_code == 1 and sh_error.error is not None
-    assert ex.execute("cat(kept)", "r").output == "yes"
+    check_errors_are_error_info(ex)
 
 
-@pytest.mark.parametrize(
-    ("language", "setup", "stuck", "check", "expected"),
-    [
-        ("r", "left <- 5", "Sys.sleep(120)", "cat(left)", "5"),
-        ("javascript", "var left = 6", "while (true) {}", "left", "6"),
-        ("bash", "LEFT=7", "sleep 120", "echo $LEFT", "7\n"),
-    ],
-)
+@pytest.mark.parametrize(TIMEOUT_FIELDS, timeout_cases("Sys.sleep(120)", "sleep 120"))
 def test_a_timeout_interrupts_the_block_and_keeps_the_state(
     ex: KernelExecutor, language: str, setup: str, stuck: str, check: str, expected: str
 ) -> None:
-    assert ex.execute(setup, language).exit_code == 0
-    started = time.monotonic()
-    result = ex.execute(stuck, language, timeout=2)
-    assert time.monotonic() - started < 30
-    assert (result.exit_code, result.timed_out, result.state_lost) == (124, True, False)
-    assert result.error is not None and result.error.ename == "Timeout"
-    assert ex.execute(check, language).output == expected
+    check_timeout_keeps_state(ex, language, setup, stuck, check, expected)
 
 
 def test_a_flood_is_held_to_the_output_budget(ex: KernelExecutor) -> None:
-    result = ex.execute('for (i in 1:20) cat(strrep("x", 50000), "\\n")', "r")
-    assert result.exit_code == 0 and result.truncated
-    assert len(result.output) < 30_000
-    assert result.full_output_file is not None
-    assert Path(result.full_output_file).stat().st_size > 1_000_000
+    check_flood_is_held_to_the_budget(ex)
 
 
 def test_an_r_block_that_reads_stdin_gets_an_empty_line_or_the_callback(
     ex: KernelExecutor,
 ) -> None:
-    started = time.monotonic()
-    asked = ex.execute("answer <- readline('name? ')\ncat('[', answer, ']', sep = '')", "r")
-    assert time.monotonic() - started < 20  # IRkernel asks even when told not to: answered
-    assert asked.exit_code == 0 and asked.stdout == "[]"
-    assert "asked for input ('name? ') and no input callback" in asked.stderr
+    check_r_stdin_is_answered(ex)
     piped = ex.execute("length(readLines('stdin'))", "r")  # the kernel's stdin: nothing
     assert piped.output == "[1] 0"
-    ex.aio.input_callback = lambda prompt: "Ada"
-    try:
-        answered = ex.execute("cat(readline('name? '))", "r")
-    finally:
-        ex.aio.input_callback = None
-    assert answered.output == "Ada"
 
 
 def test_the_session_notebook_has_each_cell_with_its_language(ex: KernelExecutor) -> None:
-    ex.execute("x <- 1", "r")
-    path = ex.aio._notebook.path
-    assert path is not None
-    cells = json.loads(path.read_text())["cells"]
-    languages = {c["metadata"]["kernelexec"]["language"] for c in cells if c["cell_type"] == "code"}
-    assert {"python", "r", "javascript", "typescript", "shell"} <= languages
-    last = cells[-1]
-    assert "".join(last["source"]) == "x <- 1"  # as written: no %%bash or other magic in front
+    check_notebook_cells_have_their_languages(ex)
 
 
 def test_unknown_language_is_refused_naming_what_runs(ex: KernelExecutor) -> None:
@@ -255,36 +224,12 @@ def test_death_is_noticed_and_restart_and_close_end_the_kernels(tmp_path: Path) 
         assert ex.execute("exists('x')", "r").output == "[1] FALSE"  # a fresh R kernel
         # A process an R block left running is the R kernel's: it ends with the session.
         ex.execute("system2('sleep', '4711', wait = FALSE)", "r")
-        assert _running("sleep", "4711")
+        assert running("sleep", "4711")
         r_kernel = ex.aio._others["ir"].backend.pid  # type: ignore[attr-defined]
         ex.restart()
-        assert r_kernel is not None and _gone(r_kernel)
+        assert r_kernel is not None and gone(r_kernel)
         assert not ex.aio._others  # started again on the next R block
-    assert not _running("sleep", "4711")
-
-
-def _gone(pid: int) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists():
-            return True
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.split(")")[-1].split()[0] == "Z":
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _running(*argv: str) -> bool:
-    wanted = "\0".join(argv).encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().rstrip(b"\0") == wanted:
-                    return True
-            except OSError:
-                continue
-    return False
+    assert not running("sleep", "4711")
 
 
 def test_the_work_dir_is_shared_and_nothing_is_written_outside(ex: KernelExecutor) -> None:

@@ -4,10 +4,9 @@ same folder, held as the forked kernel is, and ended with the session."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from kx_languages import need_kernels
+from kx_languages import gone, need_kernels, running
 
 from kernelexec import make_executor
 from kernelexec.backends import _containment
@@ -45,29 +44,6 @@ def test_a_fork_kernel_session_runs_r_and_javascript_beside_it(tmp_path: Path) -
         if _containment.mechanism().startswith("cgroup"):  # held in a cgroup of its own
             cgroup = Path(f"/proc/{r_kernel.pid}/cgroup").read_text()
             assert cgroup != Path("/proc/self/cgroup").read_text()
-        assert _running("sleep", "4713")
+        assert running("sleep", "4713")
     # what the R block left running ended with the session, as the R kernel did
-    assert _gone(r_kernel.pid) and not _running("sleep", "4713")
-
-
-def _gone(pid: int) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists():
-            return True
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _running(*argv: str) -> bool:
-    wanted = "\0".join(argv).encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().rstrip(b"\0") == wanted:
-                    return True
-            except OSError:
-                continue
-    return False
+    assert gone(r_kernel.pid) and not running("sleep", "4713")

@@ -5,12 +5,14 @@ work dir writable), started through the bridge (``_sandbox_bridge``). One sessio
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_languages import need_kernels
+from kx_languages import TIMEOUT_FIELDS, check_timeout_keeps_state, need_kernels, timeout_cases
 from kx_sandbox import sandbox_unavailable
 
 from kernelexec import KernelExecutor, make_executor
@@ -57,23 +59,11 @@ def test_nothing_is_written_outside_and_no_network(
         assert net.output.endswith("NULL") and "unable to resolve" in net.output, net.output
 
 
-@pytest.mark.parametrize(
-    ("language", "setup", "stuck", "check", "expected"),
-    [
-        ("r", "left <- 5", "Sys.sleep(120)", "cat(left)", "5"),
-        ("javascript", "var left = 6", "while (true) {}", "left", "6"),
-        ("bash", "LEFT=7", "sleep 120", "echo $LEFT", "7\n"),
-    ],
-)
+@pytest.mark.parametrize(TIMEOUT_FIELDS, timeout_cases("Sys.sleep(120)", "sleep 120"))
 def test_a_timeout_interrupts_the_block_and_keeps_the_state(
     ex: KernelExecutor, language: str, setup: str, stuck: str, check: str, expected: str
 ) -> None:
-    assert ex.execute(setup, language).exit_code == 0
-    started = time.monotonic()
-    result = ex.execute(stuck, language, timeout=2)
-    assert time.monotonic() - started < 30
-    assert (result.exit_code, result.timed_out, result.state_lost) == (124, True, False)
-    assert ex.execute(check, language).output == expected
+    check_timeout_keeps_state(ex, language, setup, stuck, check, expected)
 
 
 def test_a_plot_and_a_death(ex: KernelExecutor) -> None:
@@ -93,3 +83,70 @@ def test_a_missing_kernel_says_what_to_install(tmp_path: Path) -> None:
         result = ex.execute("anything", "x")
         assert result.not_run and result.error is not None
         assert result.error.ename == "KernelNotInstalled"
+
+
+class _Bait:
+    """A host unix socket only the host can reach (the sandbox sees no host /tmp): counts who
+    connects. A link planted in the kernel's run folder points here."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.connected = path, 0
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._count, daemon=True)
+        self._thread.start()
+
+    def _count(self) -> None:
+        while not self._done.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            self.connected += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
+PLANT = """\
+cd {run} && ls
+for f in k-*; do rm -f "$f" && ln -s {bait} "$f"; done
+mkfifo fifo && ln -s {bait} kernel-tcp.json.new
+"""
+
+
+def test_a_block_cannot_replace_its_kernels_sockets(ex: KernelExecutor, tmp_path: Path) -> None:
+    """The bash kernel's bridge binds its channel and interrupt sockets in the run folder the
+    sandbox's user wrote them in. Were it still writable once the kernel runs, a block would swap
+    them for links: the host (root) follows each on an interrupt or a reconnect. (Last: it kills
+    the shared session's bash kernel, which the next bash block would start afresh.)"""
+    bait = _Bait(tmp_path / "bait.sock")
+    try:
+        assert ex.execute("LEFT=7", "bash").exit_code == 0
+        ipc_dir = ex.aio._others["bash"].backend._ipc_dir  # type: ignore[attr-defined]
+        run = Path(ipc_dir) / "run"
+        # A Python block (another sandbox) does not even see the bash kernel's folder, and
+        # cannot replace its own kernel's sockets either.
+        seen = ex.execute(f"import os\nprint(os.path.exists({str(run)!r}))")
+        assert seen.output == "False\n"
+        own = f"os.symlink({str(bait.path)!r}, os.environ['IPYTHONDIR'] + '/../k-1.new')"
+        python = ex.execute(own)
+        assert python.error is not None and python.error.ename == "PermissionError"
+        planted = ex.execute(PLANT.format(run=run, bait=bait.path), "bash")
+        assert "Permission denied" in planted.output, planted.output
+        assert sorted(p.name for p in run.iterdir() if p.is_symlink()) == []
+        stuck = ex.execute("sleep 120", "bash", timeout=2)  # the host interrupts
+        assert (stuck.timed_out, stuck.state_lost) == (True, False)
+        assert ex.execute("echo $LEFT", "bash").output == "7\n"  # the same kernel
+        died = ex.execute("kill -9 $PPID", "bash")  # the host's channels reconnect
+        assert died.kernel_died
+        time.sleep(1)
+        assert bait.connected == 0
+    finally:
+        bait.close()
