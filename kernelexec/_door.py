@@ -385,11 +385,13 @@ class Door:
             os.chown(parts[-1], uid, gid, dir_fd=folder, follow_symlinks=False)
 
 
-def read_regular(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
+def read_regular(path: str | os.PathLike[str], *, limit: int, tail: bool = False) -> bytes | None:
     """A saved file's bytes by its full path, for callers that no longer know its work dir (a
-    result's ``files``): only a regular file whose own name is not a link, at most ``limit``
-    bytes; None for anything else (a FIFO is never opened). Prefer ``Door`` when the work dir is
-    known: a link planted in a folder on the way is followed here."""
+    result's ``files``, a kernel's log in a folder its code may write): only a regular file
+    whose own name is not a link, at most ``limit`` bytes (``tail``: its last ``limit`` bytes);
+    None for anything else, or a larger file without ``tail`` (a FIFO is never opened). Prefer
+    ``Door`` when the work dir is known: a link planted in a folder on the way is followed
+    here."""
     folder, name = os.path.split(os.fspath(path))
     try:
         fd = os.open(folder or ".", _ROOT_FLAGS)
@@ -398,6 +400,9 @@ def read_regular(path: str | os.PathLike[str], *, limit: int) -> bytes | None:
     try:
         with os.fdopen(_open_regular(fd, name, name), "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
+            if tail:
+                handle.seek(max(0, size - limit))
+                return handle.read(limit)
             return handle.read(size) if size <= limit else None
     except (OSError, UnsafePath):
         return None

@@ -33,6 +33,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from .._door import read_regular
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
 from ._fork_server import KERNEL_ARGS
@@ -419,8 +420,8 @@ async def _check_ipykernel(python: str) -> None:
 
 
 def log_end(path: str, limit: int = 2000) -> str:
-    """The last ``limit`` bytes of a kernel's log, stripped ('' if it cannot be read)."""
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-        return f.read().decode(errors="replace").strip()
-    return ""
+    """The last ``limit`` bytes of a kernel's log, stripped ('' if it cannot be read). Read as
+    enemy data: a sandboxed kernel's fork writes its log in a folder its code can write, where
+    a link (to a host file the error would quote) or a FIFO (the host would hang) can stand."""
+    data = read_regular(path, limit=limit, tail=True)
+    return "" if data is None else data.decode(errors="replace").strip()

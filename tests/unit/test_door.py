@@ -19,6 +19,7 @@ import pytest
 from kernelexec import FileTooLarge, InvalidPath, InvalidWorkDir, UnsafePath
 from kernelexec._door import Door, read_regular
 from kernelexec._files import LocalFiles
+from kernelexec.backends.local_kernel import log_end
 
 pytestmark = pytest.mark.unit
 
@@ -148,7 +149,19 @@ def test_only_regular_files_are_read_and_at_once(door: Door, work: Path, kind: s
     with pytest.raises(UnsafePath), door.open_regular(name):
         pass
     assert read_regular(work / name, limit=100) is None
+    assert read_regular(work / name, limit=100, tail=True) is None
+    assert log_end(str(work / name)) == ""  # a forked sandboxed kernel's log: enemy ground
     assert time.monotonic() - started < 2  # never waited on a writer
+
+
+def test_a_logs_end_is_read_from_a_regular_file_only(work: Path, tmp_path: Path) -> None:
+    (work / "kernel.log").write_bytes(b"x" * 5000 + b"the end\n")
+    assert log_end(str(work / "kernel.log"), limit=8) == "the end"
+    assert read_regular(work / "kernel.log", limit=8, tail=True) == b"the end\n"
+    secret = tmp_path / "secret"
+    secret.write_text("host secret")
+    (work / "linked.log").symlink_to(secret)  # the error would quote a host file
+    assert log_end(str(work / "linked.log")) == ""
 
 
 def test_a_fifo_is_not_opened_even_by_the_files_api(work: Path) -> None:
