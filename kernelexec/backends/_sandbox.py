@@ -18,6 +18,7 @@ command line, gives the sandbox's user its writable folders, and checks that the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -105,6 +106,20 @@ def sandbox_options(value: bool | SandboxOptions | None) -> SandboxOptions | Non
 
 def host_is_root() -> bool:
     return hasattr(os, "getuid") and os.getuid() == 0
+
+
+def take_back(folder: str, *files: str) -> None:
+    """Take ``folder`` (one the host made in a place the code cannot rename, given to the
+    sandbox's user while a kernel started in it) back: the host's, entered but not written
+    (0711), and ``files`` in it the host's too (never through a link planted in their place).
+    What the code then holds open it keeps; it can no longer remove, rename or replace anything
+    there. On a host that is not root the sandbox's user is the host's: only the mode changes."""
+    if host_is_root():
+        os.chown(folder, 0, 0)
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(folder, name), 0, 0, follow_symlinks=False)
+    os.chmod(folder, 0o711)
 
 
 def give_to_sandbox(

@@ -25,7 +25,7 @@ from jupyter_client.connect import write_connection_file
 
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
-from ._sandbox import SandboxOptions, give_to_sandbox
+from ._sandbox import SandboxOptions, give_to_sandbox, take_back
 from .fork_kernel import ForkKernel
 from .sandboxed import SandboxedKernel, sandbox_owner
 from .sandboxed import host_pid as sandbox_host_pid
@@ -176,6 +176,14 @@ class SandboxForkedKernel(ForkedKernel):
             self._jail = jail = _containment.make_jail(mechanism)
             if jail.procs_file is not None:
                 jail.procs_file.write_text(str(found), encoding="ascii")
+
+    async def _fork_and_connect(self, deadline: float) -> None:
+        await super()._fork_and_connect(deadline)
+        # Its sockets are bound and its log open: the folder is the host's again, so no block
+        # (of this fork, or of any kernel in the sandbox) can swap a socket for a link the
+        # host, root, would connect to on an interrupt or a reconnect.
+        assert self._dir is not None
+        take_back(self._dir, "kernel.json", "kernel.log")
 
     def fork_home(self) -> tuple[str, str]:
         """A fork of this fork lives in the same sandbox."""

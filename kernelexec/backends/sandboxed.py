@@ -34,6 +34,7 @@ from ._sandbox import (
     check_sandbox,
     give_to_sandbox,
     host_is_root,
+    take_back,
 )
 from ._sandbox_bridge import BRIDGE_SCRIPT, INTERRUPT_SUFFIX, KERNEL_FILE
 from .base import ByteSink, CommandOutcome, KernelBackend
@@ -314,9 +315,7 @@ class SandboxedKernel(LocalKernel):
                 if os.path.exists(interrupt):
                     break
                 await asyncio.sleep(0.05)
-        if host_is_root():
-            os.chown(run, 0, 0)
-        os.chmod(run, 0o711)  # entered (the kernel's own folders, its sockets), not written
+        take_back(run)  # entered (the kernel's own folders, its sockets), not written
 
     async def take_network_log(self) -> list[NetworkEvent]:
         return await self._egress.take()

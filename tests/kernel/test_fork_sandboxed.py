@@ -184,3 +184,32 @@ def test_a_kernel_that_lies_about_its_forks_pid_is_refused(ex: KernelExecutor) -
     finally:
         assert ex.execute("os.fdopen = _real_fdopen").exit_code == 0
     assert ex.execute("print(x)").output.strip() == "41"
+
+
+def test_a_forks_code_cannot_replace_its_sockets(ex: KernelExecutor) -> None:
+    """The fork binds its sockets in a folder the host made for it and gave to the sandbox's
+    user; once the fork answers the folder is the host's again, so no block can swap a socket
+    (or the connection file, or the log the host quotes when a start fails) for a link."""
+    child = ex.fork()
+    try:
+        folder = Path(child.backend._dir)  # type: ignore[attr-defined]
+        sockets = sorted(p.name for p in folder.iterdir() if p.is_socket())
+        assert sockets, list(folder.iterdir())
+        plant = (
+            "import os, glob\nfailed = []\n"
+            f"for name in {[*sockets, 'kernel.json', 'kernel.log']!r}:\n"
+            f"    path = os.path.join({str(folder)!r}, name)\n"
+            "    try:\n        os.rename(path, path + '.old'); os.symlink('/etc/shadow', path)\n"
+            "    except PermissionError:\n        failed.append(name)\n"
+            "print(len(failed))"
+        )
+        r = child.execute(plant)
+        assert r.output == f"{len(sockets) + 2}\n", r.output
+        assert not any(p.is_symlink() for p in folder.iterdir())
+        assert (folder.stat().st_mode & 0o777, folder.stat().st_uid) == (
+            0o711,
+            0 if host_is_root() else os.getuid(),
+        )
+        assert child.execute("print(x)").output == "41\n"  # the fork goes on
+    finally:
+        child.close()
