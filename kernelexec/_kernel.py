@@ -69,6 +69,7 @@ from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResul
 from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
+from .backends.docker_fork import DockerForkedKernel
 from .backends.forked_kernel import ForkedKernel, fork_backend, fork_request
 from .backends.local_kernel import LocalKernel
 
@@ -589,7 +590,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 f"checkpoint='block' keeps a forked copy of the kernel, which a"
                 f" {self.backend.kind} back end does not allow"
             )
-        if checkpoint is not None and getattr(self.backend, "holds_forks", False):
+        if checkpoint is not None and _dies_with_kernel(self.backend):
             # The copy would live in the kernel's sandbox, which ends when the kernel dies.
             raise ForkUnsupported(
                 "checkpoint='block' is not for a sandboxed kernel: its checkpoint would live in"
@@ -720,7 +721,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self._stop_running_block()
         started = self._started
         await super().close()
-        if not started and isinstance(self.backend, ForkedKernel):
+        if not started and isinstance(self.backend, (ForkedKernel, DockerForkedKernel)):
             await self.backend.shutdown()  # a fork never started: its forked process goes
 
     async def _stop_running_block(self) -> None:
@@ -839,7 +840,9 @@ class AsyncKernelExecutor(AsyncExecutor):
         the event loop that will drive it (the sync twin gives each its own)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
-        if self.backend.kind not in FORKABLE and self.backend.fresh_copy() is not None:
+        kind = self.backend.kind
+        by_snapshot = kind not in FORKABLE or kind in _SNAPSHOT_FORKS
+        if by_snapshot and self.backend.fresh_copy() is not None:
             return await self._forks_via_snapshot(count)
         async with self._branching("fork()"):
             return await self._forks(count, lineage=self._lineage)
@@ -874,7 +877,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         except BaseException:
             await holder.close()
             raise
-        pause(_pid_of(holder), paused=True)
+        await _pause(holder, paused=True)
         return AsyncLiveSnapshot(
             holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
         )
@@ -909,8 +912,9 @@ class AsyncKernelExecutor(AsyncExecutor):
         async with self._branching("restore()", live=False):
             await self._restore_live(snapshot)
 
-    async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
-        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
+    async def _restore_live(self, snapshot: AsyncLiveSnapshot, *, files: bool = True) -> None:
+        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held);
+        ``files``: the work dir's files put back as the snapshot has them."""
         holder: AsyncKernelExecutor = snapshot._holder
         if not await snapshot.at_home(holder.backend.is_alive):
             # a sandboxed session's snapshots live in its sandbox, which a restart ended
@@ -920,12 +924,12 @@ class AsyncKernelExecutor(AsyncExecutor):
         request = backend.prepare(work_dir=self.work_dir)
 
         async def fork_holder() -> int:
-            pause(_pid_of(holder), paused=False)
+            await _pause(holder, paused=False)
             try:
                 async with holder._lock:
                     return await holder._fork_process(request)
             finally:
-                pause(_pid_of(holder), paused=True)
+                await _pause(holder, paused=True)
 
         try:
             pid = await snapshot.at_home(fork_holder)
@@ -933,9 +937,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             await backend.shutdown()  # its folder and cgroup, prepared for nothing
             raise
         backend.adopted(pid)
-        await asyncio.to_thread(
-            copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
-        )
+        if files:
+            await asyncio.to_thread(
+                copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
+            )
         old, self.backend = self.backend, backend
         try:
             await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
@@ -946,7 +951,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
         if getattr(old, "holds_forks", False):
-            self._origin = old  # the new kernel lives in its sandbox
+            self._origin = old  # the new kernel lives in its sandbox (or container)
+            retire = getattr(old, "retire", None)
+            if retire is not None:
+                await retire()  # a Docker kernel: its process ends, its container stays
         else:
             await old.shutdown()
 
@@ -992,6 +1000,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
         snapshot.label = f"checkpoint after block {block.index}"
+        if getattr(self.backend, "retire", None) is not None:
+            # A Docker kernel is its container's first process: the session moves to a fork
+            # of the checkpoint (same state, same files), so that a block that kills its kernel
+            # no longer ends the container the checkpoint lives in.
+            try:
+                await self._restore_live(snapshot, files=False)
+            except Exception as exc:
+                _log.warning("no checkpoint after block %s: %s", block.index, exc)
+                await snapshot.release()
+                return
         old, self._checkpoint = self._checkpoint, snapshot
         if old is not None:
             await old.release()
@@ -1186,7 +1204,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
             yield
 
-    def _forked_backend(self) -> ForkedKernel:
+    def _forked_backend(self) -> Any:
         return fork_backend(self.backend)
 
     async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
@@ -1209,7 +1227,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
-        home = backend.work_home if isinstance(backend, ForkedKernel) else None
+        home = getattr(backend, "work_home", None)
         child = type(self)(
             backend,
             work_dir=home,
@@ -1232,7 +1250,11 @@ class AsyncKernelExecutor(AsyncExecutor):
         """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
         child's pid. A kernel that cannot fork (out of memory, a process limit) raises
         ``KernelStartFailed`` saying why; the kernel itself carries on."""
+        request = dict(request)
+        # A Docker kernel's fork writes its own connection file in the container, just before.
+        prelude = request.pop("prelude", "")
         cell, expression = fork_request(request)
+        cell = prelude + cell
         try:
             reply = await self._quiet_request(cell, {"pid": expression}, self.startup_timeout)
         except asyncio.TimeoutError as exc:
@@ -1579,9 +1601,29 @@ def _unpack(verified: Verified, door: Door, folder: str) -> None:
             shutil.copyfileobj(src, dst, 1 << 20)
 
 
+#: back ends whose fork() goes through a durable snapshot (their kernel process is not forked)
+_SNAPSHOT_FORKS = ("docker-kernel",)
+
+
 def _pid_of(executor: AsyncKernelExecutor) -> int | None:
     pid: int | None = getattr(executor.backend, "pid", None)
     return pid
+
+
+async def _pause(executor: AsyncKernelExecutor, *, paused: bool) -> None:
+    """Stop (or continue) a live snapshot's kernel: by its host pid, or by its back end (a
+    fork in a Docker container, signalled in there)."""
+    own = getattr(executor.backend, "pause", None)
+    if own is not None:
+        await own(paused=paused)
+    else:
+        pause(_pid_of(executor), paused=paused)
+
+
+def _dies_with_kernel(backend: KernelBackend) -> bool:
+    """Whether what holds the kernel's forks (a sandbox) ends when the kernel dies: a Docker
+    kernel's container does not, once the kernel retires (``DockerKernel.retire``)."""
+    return getattr(backend, "holds_forks", False) and getattr(backend, "retire", None) is None
 
 
 async def _close_all(executors: list[AsyncKernelExecutor]) -> None:
