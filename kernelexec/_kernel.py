@@ -933,8 +933,14 @@ class AsyncKernelExecutor(AsyncExecutor):
 
         try:
             pid = await snapshot.at_home(fork_holder)
-        except BaseException:
+        except BaseException as exc:
             await backend.shutdown()  # its folder and cgroup, prepared for nothing
+            # Killed meanwhile: a loaded machine shows a killed process a while longer.
+            alive = holder.backend.is_alive
+            if isinstance(exc, Exception) and not await snapshot.at_home(alive):
+                raise SnapshotError(
+                    "this snapshot's paused kernel has ended: it cannot be restored"
+                ) from None
             raise
         backend.adopted(pid)
         if files:
@@ -1602,7 +1608,7 @@ def _unpack(verified: Verified, door: Door, folder: str) -> None:
 
 
 #: back ends whose fork() goes through a durable snapshot (their kernel process is not forked)
-_SNAPSHOT_FORKS = ("docker-kernel",)
+_SNAPSHOT_FORKS = ("docker-kernel", "docker-forked-kernel")
 
 
 def _pid_of(executor: AsyncKernelExecutor) -> int | None:

@@ -90,6 +90,12 @@ class DockerForkedKernel(DockerLanguageKernel):
         self._setup = code
         return True
 
+    def fresh_copy(self) -> DockerKernel:
+        """A ``fork()`` of a session restored in the container goes, as the session's first
+        kernel's did, through a durable snapshot into a new container (with its own
+        /workspace): a process fork here would work in the session's /workspace."""
+        return self.parent.fresh_copy()
+
     def fork_backend(self) -> DockerForkedKernel:
         """A fork of this fork lives in the same container."""
         return DockerForkedKernel(self.parent)

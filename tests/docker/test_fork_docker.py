@@ -96,6 +96,13 @@ def test_restore_brings_the_snapshot_back_and_follows_no_planted_link(
         assert ex.execute("print(x)").output.strip() == "1"
         ex.restore(snap)  # as often as asked
         assert ex.execute("print(x)").output.strip() == "1"
+        child = ex.fork()  # a restored session forks as before: a container of its own
+        try:
+            assert child.forked_via == "snapshot"
+            assert child.execute("open('c.txt', 'w').write('child'); print(x)").output == "1\n"
+        finally:
+            child.close()
+        assert not (Path(ex.work_dir) / "c.txt").exists()  # the child's folder is its own
     finally:
         snap.release()
     assert ex.execute("print(stopped())").output.strip() == "[]"  # its process was ended
@@ -109,7 +116,10 @@ def test_a_snapshot_killed_by_the_code_cannot_be_restored(session: KernelExecuto
     ex.execute("kept = 'session'")
     snap = ex.snapshot()
     try:
-        out = ex.execute("import signal\nfor p in stopped(): os.kill(p, signal.SIGKILL)")
+        # killed, then waited for: a loaded machine shows a killed process a while longer
+        kill = "import signal, time\nfor p in stopped():\n    os.kill(p, signal.SIGKILL)\n"
+        wait = "while stopped():\n    time.sleep(0.05)"
+        out = ex.execute(kill + wait)
         assert out.ok, out.output
         with pytest.raises(SnapshotError, match="ended"):
             ex.restore(snap)
