@@ -165,6 +165,11 @@ def test_a_block_that_kills_its_kernel_costs_only_itself(
         crashed = ex.execute("import ctypes\nctypes.string_at(0)")  # a segfault
         assert crashed.kernel_died and crashed.recovered_from is not None
         assert ex.execute("print(x)").output.strip() == "1"
+        first = backend.container.id
+        ex.restart()  # a fresh container, the old one (its forks, its checkpoint) gone
+        assert ex.execute("print('x' in dir())").output.strip() == "False"
+        assert [c.id for c in containers_of(docker_client, backend.session)] != [first]
+        assert len(containers_of(docker_client, backend.session)) == 1
     assert containers_of(docker_client, backend.session) == []
 
 
