@@ -1104,7 +1104,9 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _unpack_durable(self, verified: Verified, folder: str) -> None:
         if self.backend.shares_work_dir:
-            await asyncio.to_thread(_unpack, verified, self._door, folder)
+            # A container's or sandbox's user must own what it is to write again.
+            owner = getattr(self.backend, "owner", None)
+            await asyncio.to_thread(_unpack, verified, self._door, folder, owner)
             return
         with (
             tempfile.TemporaryDirectory(prefix="kernelexec-resume-") as mirror,
@@ -1592,8 +1594,11 @@ def _drop_fork_sources(children: list[AsyncKernelExecutor]) -> None:
             source.close()
 
 
-def _unpack(verified: Verified, door: Door, folder: str) -> None:
-    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
+def _unpack(
+    verified: Verified, door: Door, folder: str, owner: tuple[int, int] | None = None
+) -> None:
+    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``;
+    ``owner``: (uid, gid) the work dir's files and folders are given to, through the door."""
     empty_work_dir(door)
     for info in verified.archive.infolist():
         name = info.filename
@@ -1605,6 +1610,10 @@ def _unpack(verified: Verified, door: Door, folder: str) -> None:
             continue
         with verified.archive.open(info) as src, door.replacing(target) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+        if owner is not None and name.startswith("work/"):
+            parts = target.split("/")
+            for depth in range(1, len(parts) + 1):  # its folders too (made by the door)
+                door.chown("/".join(parts[:depth]), *owner)
 
 
 #: back ends whose fork() goes through a durable snapshot (their kernel process is not forked)

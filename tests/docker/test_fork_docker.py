@@ -99,7 +99,9 @@ def test_restore_brings_the_snapshot_back_and_follows_no_planted_link(
         child = ex.fork()  # a restored session forks as before: a container of its own
         try:
             assert child.forked_via == "snapshot"
-            assert child.execute("open('c.txt', 'w').write('child'); print(x)").output == "1\n"
+            # a.txt came in through the durable snapshot: the container user owns it again
+            write = "open('c.txt', 'w').write('child'); open('a.txt', 'w').write('c'); print(x)"
+            assert child.execute(write).output == "1\n"
         finally:
             child.close()
         assert not (Path(ex.work_dir) / "c.txt").exists()  # the child's folder is its own
