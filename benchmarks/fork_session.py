@@ -17,6 +17,11 @@ With ``--gateway URL`` (token from ``$KERNELEXEC_GATEWAY_TOKEN``), a gateway ses
 durable snapshot (every byte through the kernel, base64 in 1 MiB messages), measured beside a
 cold start + re-run on the same gateway.
 
+With ``--docker RUNTIME`` (``runc`` or ``runsc``, repeatable), a Docker kernel session holding
+``--docker-mib`` MiB: a live snapshot (a paused fork of the kernel in its container), restore +
+a block, ``fork()`` (through a durable snapshot into a new container) to the child's first
+block, beside a cold start (a new container) + re-run.
+
 Verdicts are printed lines, not assertions; the machine's load is printed with them.
 """
 
@@ -143,6 +148,46 @@ def gateway_measure(url: str, rounds: int, mib: int) -> dict[str, Any]:
     }
 
 
+def docker_measure(runtime: str, rounds: int, mib: int) -> dict[str, Any]:
+    """A Docker kernel's live snapshot, restore + block, fork to first block, cold start."""
+    from kernelexec.backends.docker_kernel import DockerKernel
+
+    def backend() -> DockerKernel:  # under gVisor every thread counts against pids_limit
+        return DockerKernel(runtime=runtime, pids_limit=1024 if runtime == "runsc" else None)
+
+    snaps, restores, forks, colds = [], [], [], []
+    with TemporaryDirectory() as root, KernelExecutor(backend(), work_dir=root) as ex:
+        ex.execute(build(mib), timeout=300)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            snapshot = ex.snapshot()
+            snaps.append(time.perf_counter() - started)
+            restores.append(restore_round(ex, snapshot))
+            snapshot.release()
+            started = time.perf_counter()
+            child = ex.fork()
+            try:
+                assert child.execute(READ).exit_code == 0
+                forks.append(time.perf_counter() - started)
+            finally:
+                child.close()
+            started = time.perf_counter()
+            with KernelExecutor(backend()) as cold:
+                cold.execute(build(mib), timeout=300)
+                assert cold.execute(READ).exit_code == 0
+            colds.append(time.perf_counter() - started)
+    return {
+        "executor": f"docker-kernel ({runtime})",
+        "load": os.getloadavg(),
+        "array_mib": mib,
+        "rounds": rounds,
+        "live_snapshot_p50_s": statistics.median(snaps),
+        "restore_first_block_p50_s": statistics.median(restores),
+        "fork_via_snapshot_first_block_p50_s": statistics.median(forks),
+        "cold_start_rerun_p50_s": statistics.median(colds),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=5, help="rounds (default 5)")
@@ -153,11 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=("fork-kernel", "sandboxed-kernel"),
         help="the session's back end, repeatable (default fork-kernel)",
     )
+    parser.add_argument(
+        "--docker", action="append", choices=("runc", "runsc"), help="a Docker kernel row"
+    )
+    parser.add_argument("--docker-mib", type=int, default=64, help="its array (default 64)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
     parser.add_argument("--gateway", help="a gateway's URL: add the fork-via-snapshot row")
     parser.add_argument("--gateway-mib", type=int, default=64, help="its array (default 64)")
     args = parser.parse_args(argv)
-    reports = [measure(args.n, args.mib, kind) for kind in args.executor or ["fork-kernel"]]
+    kinds = args.executor or ([] if args.docker else ["fork-kernel"])
+    reports = [measure(args.n, args.mib, kind) for kind in kinds]
+    reports += [docker_measure(rt, args.n, args.docker_mib) for rt in args.docker or []]
     if args.gateway:
         reports[0].update(gateway_measure(args.gateway, args.n, args.gateway_mib))
     if args.json:
@@ -169,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(r: dict[str, Any]) -> None:
+    if "live_snapshot_p50_s" in r:
+        _print_docker(r)
+        return
     fork = r["fork_first_block_p50_s"]
     verdict = "PASS" if fork <= FORK_TARGET_S else "FAIL"
     print(f"load average {r['load'][0]:.2f}, python {sys.version.split()[0]}")
@@ -191,6 +245,18 @@ def _print(r: dict[str, Any]) -> None:
         print(f"  fork via snapshot to the child's first block {via * 1000:.0f} ms")
         cold = r["gateway_cold_start_rerun_p50_s"]
         print(f"  cold start + re-run the blocks {cold * 1000:.0f} ms")
+
+
+def _print_docker(r: dict[str, Any]) -> None:
+    print(f"load average {r['load'][0]:.2f}, python {sys.version.split()[0]}")
+    print(
+        f"{r['executor']} session holding a {r['array_mib']} MiB array, {r['rounds']} rounds (p50):"
+    )
+    print(f"  live snapshot {r['live_snapshot_p50_s'] * 1000:.0f} ms")
+    print(f"  restore a live snapshot + block {r['restore_first_block_p50_s'] * 1000:.0f} ms")
+    via = r["fork_via_snapshot_first_block_p50_s"]
+    print(f"  fork (via snapshot) to the child's first block {via * 1000:.0f} ms")
+    print(f"  cold start + re-run the blocks {r['cold_start_rerun_p50_s'] * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

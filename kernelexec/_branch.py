@@ -31,6 +31,8 @@ FORKABLE = (
     "forked-kernel",
     "sandboxed-kernel",
     "sandboxed-forked-kernel",
+    "docker-kernel",
+    "docker-forked-kernel",
 )
 
 

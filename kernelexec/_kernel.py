@@ -69,6 +69,7 @@ from ._types import EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, ErrorInfo, ExecutionResul
 from ._workdir import INTERNAL_DIR
 from .backends._iopub import iopub_batch
 from .backends.base import KernelBackend
+from .backends.docker_fork import DockerForkedKernel
 from .backends.forked_kernel import ForkedKernel, fork_backend, fork_request
 from .backends.local_kernel import LocalKernel
 
@@ -589,7 +590,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 f"checkpoint='block' keeps a forked copy of the kernel, which a"
                 f" {self.backend.kind} back end does not allow"
             )
-        if checkpoint is not None and getattr(self.backend, "holds_forks", False):
+        if checkpoint is not None and _dies_with_kernel(self.backend):
             # The copy would live in the kernel's sandbox, which ends when the kernel dies.
             raise ForkUnsupported(
                 "checkpoint='block' is not for a sandboxed kernel: its checkpoint would live in"
@@ -720,7 +721,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         await self._stop_running_block()
         started = self._started
         await super().close()
-        if not started and isinstance(self.backend, ForkedKernel):
+        if not started and isinstance(self.backend, (ForkedKernel, DockerForkedKernel)):
             await self.backend.shutdown()  # a fork never started: its forked process goes
 
     async def _stop_running_block(self) -> None:
@@ -839,7 +840,9 @@ class AsyncKernelExecutor(AsyncExecutor):
         the event loop that will drive it (the sync twin gives each its own)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
-        if self.backend.kind not in FORKABLE and self.backend.fresh_copy() is not None:
+        kind = self.backend.kind
+        by_snapshot = kind not in FORKABLE or kind in _SNAPSHOT_FORKS
+        if by_snapshot and self.backend.fresh_copy() is not None:
             return await self._forks_via_snapshot(count)
         async with self._branching("fork()"):
             return await self._forks(count, lineage=self._lineage)
@@ -874,7 +877,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         except BaseException:
             await holder.close()
             raise
-        pause(_pid_of(holder), paused=True)
+        await _pause(holder, paused=True)
         return AsyncLiveSnapshot(
             holder, lineage=self._lineage, kind=self.backend.kind, release=holder.close
         )
@@ -909,8 +912,9 @@ class AsyncKernelExecutor(AsyncExecutor):
         async with self._branching("restore()", live=False):
             await self._restore_live(snapshot)
 
-    async def _restore_live(self, snapshot: AsyncLiveSnapshot) -> None:
-        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held)."""
+    async def _restore_live(self, snapshot: AsyncLiveSnapshot, *, files: bool = True) -> None:
+        """Replace the kernel by a fresh fork of ``snapshot`` (the session's lock held);
+        ``files``: the work dir's files put back as the snapshot has them."""
         holder: AsyncKernelExecutor = snapshot._holder
         if not await snapshot.at_home(holder.backend.is_alive):
             # a sandboxed session's snapshots live in its sandbox, which a restart ended
@@ -920,22 +924,29 @@ class AsyncKernelExecutor(AsyncExecutor):
         request = backend.prepare(work_dir=self.work_dir)
 
         async def fork_holder() -> int:
-            pause(_pid_of(holder), paused=False)
+            await _pause(holder, paused=False)
             try:
                 async with holder._lock:
                     return await holder._fork_process(request)
             finally:
-                pause(_pid_of(holder), paused=True)
+                await _pause(holder, paused=True)
 
         try:
             pid = await snapshot.at_home(fork_holder)
-        except BaseException:
+        except BaseException as exc:
             await backend.shutdown()  # its folder and cgroup, prepared for nothing
+            # Killed meanwhile: a loaded machine shows a killed process a while longer.
+            alive = holder.backend.is_alive
+            if isinstance(exc, Exception) and not await snapshot.at_home(alive):
+                raise SnapshotError(
+                    "this snapshot's paused kernel has ended: it cannot be restored"
+                ) from None
             raise
         backend.adopted(pid)
-        await asyncio.to_thread(
-            copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
-        )
+        if files:
+            await asyncio.to_thread(
+                copy_work_dir, holder._door, self._door, replace=True, owner=backend.owner
+            )
         old, self.backend = self.backend, backend
         try:
             await backend.start(work_dir=self.work_dir, env=self._env, timeout=self.startup_timeout)
@@ -946,7 +957,10 @@ class AsyncKernelExecutor(AsyncExecutor):
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
         if getattr(old, "holds_forks", False):
-            self._origin = old  # the new kernel lives in its sandbox
+            self._origin = old  # the new kernel lives in its sandbox (or container)
+            retire = getattr(old, "retire", None)
+            if retire is not None:
+                await retire()  # a Docker kernel: its process ends, its container stays
         else:
             await old.shutdown()
 
@@ -992,6 +1006,16 @@ class AsyncKernelExecutor(AsyncExecutor):
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
         snapshot.label = f"checkpoint after block {block.index}"
+        if getattr(self.backend, "retire", None) is not None:
+            # A Docker kernel is its container's first process: the session moves to a fork
+            # of the checkpoint (same state, same files), so that a block that kills its kernel
+            # no longer ends the container the checkpoint lives in.
+            try:
+                await self._restore_live(snapshot, files=False)
+            except Exception as exc:
+                _log.warning("no checkpoint after block %s: %s", block.index, exc)
+                await snapshot.release()
+                return
         old, self._checkpoint = self._checkpoint, snapshot
         if old is not None:
             await old.release()
@@ -1080,7 +1104,9 @@ class AsyncKernelExecutor(AsyncExecutor):
 
     async def _unpack_durable(self, verified: Verified, folder: str) -> None:
         if self.backend.shares_work_dir:
-            await asyncio.to_thread(_unpack, verified, self._door, folder)
+            # A container's or sandbox's user must own what it is to write again.
+            owner = getattr(self.backend, "owner", None)
+            await asyncio.to_thread(_unpack, verified, self._door, folder, owner)
             return
         with (
             tempfile.TemporaryDirectory(prefix="kernelexec-resume-") as mirror,
@@ -1186,7 +1212,7 @@ class AsyncKernelExecutor(AsyncExecutor):
                 raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
             yield
 
-    def _forked_backend(self) -> ForkedKernel:
+    def _forked_backend(self) -> Any:
         return fork_backend(self.backend)
 
     async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
@@ -1209,7 +1235,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
-        home = backend.work_home if isinstance(backend, ForkedKernel) else None
+        home = getattr(backend, "work_home", None)
         child = type(self)(
             backend,
             work_dir=home,
@@ -1232,7 +1258,11 @@ class AsyncKernelExecutor(AsyncExecutor):
         """Ask the running kernel (its lock held by the caller) to fork into ``request``; the
         child's pid. A kernel that cannot fork (out of memory, a process limit) raises
         ``KernelStartFailed`` saying why; the kernel itself carries on."""
+        request = dict(request)
+        # A Docker kernel's fork writes its own connection file in the container, just before.
+        prelude = request.pop("prelude", "")
         cell, expression = fork_request(request)
+        cell = prelude + cell
         try:
             reply = await self._quiet_request(cell, {"pid": expression}, self.startup_timeout)
         except asyncio.TimeoutError as exc:
@@ -1564,8 +1594,11 @@ def _drop_fork_sources(children: list[AsyncKernelExecutor]) -> None:
             source.close()
 
 
-def _unpack(verified: Verified, door: Door, folder: str) -> None:
-    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``."""
+def _unpack(
+    verified: Verified, door: Door, folder: str, owner: tuple[int, int] | None = None
+) -> None:
+    """The snapshot's work dir files in place of the work dir's, its pickles in ``folder``;
+    ``owner``: (uid, gid) the work dir's files and folders are given to, through the door."""
     empty_work_dir(door)
     for info in verified.archive.infolist():
         name = info.filename
@@ -1577,11 +1610,35 @@ def _unpack(verified: Verified, door: Door, folder: str) -> None:
             continue
         with verified.archive.open(info) as src, door.replacing(target) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+        if owner is not None and name.startswith("work/"):
+            parts = target.split("/")
+            for depth in range(1, len(parts) + 1):  # its folders too (made by the door)
+                door.chown("/".join(parts[:depth]), *owner)
+
+
+#: back ends whose fork() goes through a durable snapshot (their kernel process is not forked)
+_SNAPSHOT_FORKS = ("docker-kernel", "docker-forked-kernel")
 
 
 def _pid_of(executor: AsyncKernelExecutor) -> int | None:
     pid: int | None = getattr(executor.backend, "pid", None)
     return pid
+
+
+async def _pause(executor: AsyncKernelExecutor, *, paused: bool) -> None:
+    """Stop (or continue) a live snapshot's kernel: by its host pid, or by its back end (a
+    fork in a Docker container, signalled in there)."""
+    own = getattr(executor.backend, "pause", None)
+    if own is not None:
+        await own(paused=paused)
+    else:
+        pause(_pid_of(executor), paused=paused)
+
+
+def _dies_with_kernel(backend: KernelBackend) -> bool:
+    """Whether what holds the kernel's forks (a sandbox) ends when the kernel dies: a Docker
+    kernel's container does not, once the kernel retires (``DockerKernel.retire``)."""
+    return getattr(backend, "holds_forks", False) and getattr(backend, "retire", None) is None
 
 
 async def _close_all(executors: list[AsyncKernelExecutor]) -> None:

@@ -160,6 +160,10 @@ def _rebuild_app(request: dict[str, Any]) -> Any:
     app.poller = None  # no parent to watch: the host's cgroup and process group hold the child
     app.parent_handle = 0
     app.connection_file = request["connection_file"]
+    # Ports set win over the connection file's: a fork whose sockets are not its parent's
+    # kind (a Docker kernel's fork: TCP on the container's loopback) names its own.
+    for name, port in (request.get("ports") or {}).items():
+        setattr(app, name, port)
     app.session = Session(parent=app)
     app.init_connection_file()
     app.session.pid = os.getpid()

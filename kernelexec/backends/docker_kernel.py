@@ -84,6 +84,13 @@ _CHANNELS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"
 #    limit.
 _LAUNCHER = r"""
 import codecs, os, select, signal, socket, sys, threading, time
+retired = sys.argv[-1] == "retired"
+if retired:
+    sys.argv.pop()
+    # The kernel's output pipes were read by the kernel that was: a log of its own instead.
+    _log = os.open("/tmp/kx-holder.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(_log, 1)
+    os.dup2(_log, 2)
 runtime = sys.argv[1]
 if not os.path.isfile(os.path.join(runtime, "kernel.json")):
     sys.stderr.write("kernelexec: the runtime folder mounted at %s is empty\n" % runtime)
@@ -146,6 +153,34 @@ def _reap():
         time.sleep(0.01)
     return len(killed)
 
+def _started(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return None if fields[0] in (b"Z", b"X") else fields[19]
+
+_SIGNALS = {b"stop": signal.SIGSTOP, b"cont": signal.SIGCONT, b"kill": signal.SIGKILL}
+
+def _signal(pid, sig):
+    # A forked kernel is the leader of its own group: the group, else the one process.
+    if pid in (1, os.getpid()) or pid <= 0:
+        return b"no\n"
+    for how in (os.killpg, os.kill):
+        try:
+            how(pid, sig)
+            return b"ok\n"
+        except OSError:
+            pass
+    return b"gone\n"
+
+def _retire():
+    # The kernel's image ends, its pid stays: tini's child, the container lives on for the
+    # kernels forked in it, and this reaper is served again by the small holder it becomes.
+    os.execv(sys.executable, [sys.executable, "-I"] + sys.orig_argv[1:] + ["retired"])
+
 def _serve(listener):
     global marked
     while True:
@@ -154,11 +189,23 @@ def _serve(listener):
             try:
                 conn.settimeout(5)
                 request = conn.recv(64).strip()
+                words = request.split()
                 if request == b"mark":
                     marked = _processes()
                     conn.sendall(b"ok\n")
                 elif request == b"reap":
                     conn.sendall(b"%d\n" % _reap())
+                elif request == b"ping":
+                    conn.sendall(b"retired\n" if retired else b"kernel\n")
+                elif len(words) == 2 and words[0] == b"alive":
+                    conn.sendall((_started(int(words[1])) or b"gone") + b"\n")
+                elif len(words) == 2 and words[0] in _SIGNALS:
+                    conn.sendall(_signal(int(words[1]), _SIGNALS[words[0]]))
+                elif request == b"retire" and not retired:
+                    conn.sendall(b"ok\n")
+                    conn.close()
+                    listener.close()
+                    _retire()
             except Exception as exc:
                 try:
                     conn.sendall(("error %s\n" % exc).encode())
@@ -168,6 +215,7 @@ def _serve(listener):
 if len(sys.argv) > 2:
     # Relayed (gVisor): a unix socket here would exist only in the sandbox's kernel.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # bound again once retired
     listener.bind(("127.0.0.1", int(sys.argv[2])))
 else:
     path = os.path.join(runtime, "@REAPER@")
@@ -176,6 +224,10 @@ else:
         os.unlink(path)
     listener.bind(path)
 listener.listen(4)
+if retired:
+    # Only the reaper is left: an interrupt (SIGINT from tini) is for the forked kernels.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _serve(listener)
 threading.Thread(target=_serve, args=(listener,), daemon=True, name="kernelexec-reaper").start()
 
 if os.environ.get("PIP_USER"):
@@ -320,7 +372,8 @@ class DockerKernel(KernelBackend):
                 # by pids controller"): gVisor's ptrace platform counts its own threads too.
                 self._death += (
                     "; under gVisor every thread of the sandbox counts against pids_limit "
-                    f"({self.options.pids_limit}): other languages' kernels need about 1024"
+                    f"({self.options.pids_limit}): other languages' kernels, forks and live "
+                    "snapshots need about 1024"
                 )
         return False
 
@@ -358,6 +411,47 @@ class DockerKernel(KernelBackend):
 
     async def take_network_log(self) -> list[NetworkEvent]:
         return await self._docker.take_network_log()
+
+    # -- kernels forked in the container (``docker_fork``) ------------------------------------
+    #: a restore keeps it (``_kernel``): its container holds the kernels forked in it
+    holds_forks = True
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who owns the files a restore copies into the work dir (the container user, when the
+        host runs as root)."""
+        return container_owner(self.options)
+
+    def reaper(self) -> Path:
+        """The host's path to the container's reaper (also the forked kernels' signaller)."""
+        client = self._client
+        if client is None or client.reaper is None:
+            raise KernelStartFailed("the Docker kernel is not running: nothing to fork")
+        return client.reaper
+
+    def next_slot(self) -> int:
+        """A fresh range of container ports (another language's kernel, a forked kernel)."""
+        self._slots += 1
+        return self._slots
+
+    async def ask(self, request: str, timeout: float = 10.0) -> str | None:
+        """One request to the container's reaper (``_LAUNCHER``); None when unanswered."""
+        return await asyncio.to_thread(_ask_reaper, self.reaper(), request, timeout)
+
+    async def retire(self) -> None:
+        """The container's first kernel is replaced (a restore): its process becomes a small
+        holder (the reaper alone, its memory freed), so the container outlives it: the kernels
+        forked in it run on, and a block that kills one of them costs only that one."""
+        if await self.ask("ping") != "kernel":
+            return  # retired already
+        await self.ask("retire")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while loop.time() < deadline:
+            if await self.ask("ping", 1.0) == "retired":
+                return
+            await asyncio.sleep(0.02)
+        raise KernelStartFailed("the Docker kernel's first process did not retire in time")
 
     async def died_before(self, when: float) -> bool:
         # The engine's clock is this host's: its record of when the container ended is a fact
@@ -662,6 +756,16 @@ def drop_alias(alias: Path, *, kept: bool) -> None:
             os.unlink(folder / OWNER_FILE)
         return
     shutil.rmtree(folder, ignore_errors=True)  # unlinks the link ``k``, never its target
+
+
+def container_owner(options: DockerOptions) -> tuple[int, int] | None:
+    """The container user's (uid, gid) when the host runs as root (files it must own)."""
+    if not hasattr(os, "getuid") or os.getuid() != 0:
+        return None
+    uid, _, gid = options.resolved_user().partition(":")
+    if not uid.isdigit() or uid == "0":
+        return None
+    return int(uid), int(gid) if gid.isdigit() else int(uid)
 
 
 def _ask_reaper(path: Path, request: str, timeout: float) -> str | None:

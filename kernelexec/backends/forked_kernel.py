@@ -26,6 +26,8 @@ from jupyter_client.connect import write_connection_file
 from .._errors import BackendUnavailable, KernelStartFailed
 from . import _containment
 from ._sandbox import SandboxOptions, give_to_sandbox, take_back
+from .docker_fork import DockerForkedKernel
+from .docker_kernel import DockerKernel
 from .fork_kernel import ForkKernel
 from .sandboxed import SandboxedKernel, sandbox_owner
 from .sandboxed import host_pid as sandbox_host_pid
@@ -237,8 +239,13 @@ def _count_oom(where: Path) -> int:
     return 0
 
 
-def fork_backend(backend: Any) -> ForkedKernel:
-    """The back end of a fork of ``backend``'s running kernel."""
+def fork_backend(backend: Any) -> Any:
+    """The back end of a fork of ``backend``'s running kernel (a ``ForkedKernel``, or a
+    ``DockerForkedKernel`` in a Docker kernel's container)."""
+    if isinstance(backend, DockerForkedKernel):
+        return backend.fork_backend()
+    if isinstance(backend, DockerKernel):
+        return DockerForkedKernel(backend)
     if isinstance(backend, (SandboxedKernel, SandboxForkedKernel)):
         home, namespace = backend.fork_home()
         return SandboxForkedKernel(home=home, namespace=namespace, sandbox=backend.sandbox)

@@ -26,6 +26,7 @@ from kernelexec import (
     SnapshotError,
     make_executor,
 )
+from kernelexec.backends.gateway_kernel import GatewayKernel
 
 pytestmark = pytest.mark.kernel
 
@@ -267,9 +268,10 @@ def test_a_fork_restores_its_parents_snapshot(ex: KernelExecutor) -> None:
 
 
 def test_back_ends_that_cannot_fork_say_so(tmp_path: Path) -> None:
-    """A live snapshot of a Docker kernel is refused before any container starts (its fork
-    goes through a durable snapshot: tests/docker/test_docker_snapshots.py)."""
-    executor = make_executor("docker-kernel", work_dir=tmp_path, timeout=60)
+    """A live snapshot of a gateway's kernel is refused before any kernel starts (its fork
+    goes through a durable snapshot; the Docker kernel's live snapshots:
+    tests/docker/test_fork_docker.py)."""
+    executor = KernelExecutor(GatewayKernel("http://127.0.0.1:9"), work_dir=tmp_path)
     try:
         with pytest.raises(ForkUnsupported):
             executor.snapshot()
@@ -411,7 +413,7 @@ def test_checkpoint_needs_a_back_end_that_forks() -> None:
     with pytest.raises(ValueError, match="checkpoint"):
         KernelExecutor(checkpoint="always")
     with pytest.raises(ForkUnsupported):
-        make_executor("docker-kernel", checkpoint="block")
+        KernelExecutor(GatewayKernel("http://127.0.0.1:9"), checkpoint="block")
 
 
 def test_a_fork_that_runs_out_of_memory_costs_only_itself(tmp_path: Path) -> None:
