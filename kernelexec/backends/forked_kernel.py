@@ -14,6 +14,7 @@ gone: it gives a fresh kernel from a fork server, as a restart of any kernel los
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -39,13 +40,18 @@ def fork_request(request: dict[str, Any]) -> tuple[str, str]:
     """The silent cell that loads the fork code into a module object of its own (no name is
     left in the user's namespace), and the user expression that forks and is the child's pid.
     The fork runs as an expression, after the cell: the child starts outside any cell (IPython's
-    display and builtin traps are not held), as a kernel between two requests is."""
+    display and builtin traps are not held), as a kernel between two requests is. The module is
+    loaded once per kernel (its forks inherit it, with the set-up code it compiled): the cell
+    loads it only where this very source is not loaded yet."""
     source = _CHILD_SOURCE.read_text(encoding="utf-8")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     cell = (
-        "(lambda m: (m.__dict__.update(__builtins__=__import__('builtins')),"
+        f"(lambda s: None if getattr(s.modules.get({MODULE!r}), 'SOURCE_ID', None) == {digest!r}"
+        " else (lambda m: (m.__dict__.update(__builtins__=__import__('builtins'),"
+        f" SOURCE_ID={digest!r}),"
         f" exec(compile({source!r}, '<kernelexec fork>', 'exec'), m.__dict__),"
-        f" __import__('sys').modules.__setitem__({MODULE!r}, m)))"
-        f"(__import__('types').ModuleType({MODULE!r}))\n"
+        f" s.modules.__setitem__({MODULE!r}, m)))"
+        f"(__import__('types').ModuleType({MODULE!r})))(__import__('sys'))\n"
     )
     expression = (
         f"__import__('sys').modules[{MODULE!r}].fork("
