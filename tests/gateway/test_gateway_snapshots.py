@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import io
 import json
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,20 @@ def test_fork_goes_through_a_snapshot(ex: KernelExecutor) -> None:
         child.close()
     # the parent is undisturbed: its state and its files
     assert ex.execute(CHECK).output.split() == EXPECTED
+
+
+def test_a_fork_leaves_no_snapshot_behind(
+    ex: KernelExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durable snapshot a fork goes through (the session's whole namespace, pickled) is
+    removed once the fork is loaded; the fork's kernel started while it was taken."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    child = ex.fork()
+    try:
+        assert child.execute(CHECK).output.split() == EXPECTED
+    finally:
+        child.close()
+    assert not list(tmp_path.rglob("*.kx"))
 
 
 def test_fork_of_a_kernel_with_a_fixed_folder_is_refused(
