@@ -19,8 +19,8 @@ row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
 
 With ``--gateway URL`` (token from ``$KERNELEXEC_GATEWAY_TOKEN``), a gateway session holding
 ``--gateway-mib`` MiB too: its kernel process cannot be forked, so ``fork()`` goes through a
-durable snapshot (every byte through the kernel, base64 in 1 MiB messages), measured beside a
-cold start + re-run on the same gateway.
+durable snapshot (every byte through the kernel, base64 in 4 MiB messages; the fresh kernel
+starts while the snapshot is taken), measured beside a cold start + re-run on the same gateway.
 
 Verdicts are printed lines, not assertions; the machine's load is printed with them.
 """
