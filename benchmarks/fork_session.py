@@ -11,11 +11,16 @@ row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
   the same block (what an agent without fork does to get a second copy of its state).
 * the child's unique memory (USS) once forked, and after it wrote 64 MiB of its own: a fork's
   memory grows only with what it writes (the array's pages stay shared).
+* the floor, in the same run: a bare Python process holding the same array, asked over ZMQ to
+  ``os.fork()``, whose child makes a fresh ZMQ context and answers one request from here (the
+  least a fork to a first answer costs on this machine, without a kernel); printed with the
+  target, the load average and the ratio of the fork to it. The fork is split into ``fork()``
+  (the kernel forked, the child's kernel built and answering) and its first block.
 
 With ``--gateway URL`` (token from ``$KERNELEXEC_GATEWAY_TOKEN``), a gateway session holding
 ``--gateway-mib`` MiB too: its kernel process cannot be forked, so ``fork()`` goes through a
-durable snapshot (every byte through the kernel, base64 in 1 MiB messages), measured beside a
-cold start + re-run on the same gateway.
+durable snapshot (every byte through the kernel, base64 in 4 MiB messages; the fresh kernel
+starts while the snapshot is taken), measured beside a cold start + re-run on the same gateway.
 
 With ``--docker RUNTIME`` (``runc`` or ``runsc``, repeatable), a Docker kernel session holding
 ``--docker-mib`` MiB: a live snapshot (a paused fork of the kernel in its container), restore +
@@ -31,10 +36,13 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from tempfile import TemporaryDirectory
 from typing import Any
+
+import zmq
 
 from kernelexec import KernelExecutor, make_executor, stop_fork_servers
 from kernelexec.bench.memory import uss_bytes
@@ -54,11 +62,13 @@ def _pid(ex: KernelExecutor) -> int:
     return int(pid)
 
 
-def fork_round(ex: KernelExecutor) -> tuple[float, float, float]:
-    """(seconds to the child's first block, child USS MiB, USS MiB after writing 64 MiB)."""
+def fork_round(ex: KernelExecutor) -> tuple[float, float, float, float]:
+    """(seconds to the child's first block, child USS MiB, USS MiB after writing 64 MiB,
+    seconds of that in ``fork()`` itself)."""
     started = time.perf_counter()
     child = ex.fork()
     try:
+        forked = time.perf_counter() - started
         result = child.execute(READ)
         elapsed = time.perf_counter() - started
         assert result.exit_code == 0, result.output
@@ -68,7 +78,75 @@ def fork_round(ex: KernelExecutor) -> tuple[float, float, float]:
         grown = (uss_bytes(pid) or 0) / 2**20
     finally:
         child.close()
-    return elapsed, uss, grown
+    return elapsed, uss, grown, forked
+
+
+# The floor: a bare process holding the array forks on request; its child, in a fresh ZMQ
+# context, connects here and answers one request (the block's stand-in: it reads the array).
+_FLOOR_PROCESS = """
+import os, sys, zmq, numpy as np
+big = np.ones(int(sys.argv[1]) * 2**20 // 8)
+ctx = zmq.Context()
+rep = ctx.socket(zmq.REP)
+rep.connect(sys.argv[2])
+while (address := rep.recv().decode()):
+    pid = os.fork()
+    if pid == 0:
+        child = zmq.Context()  # the parent's context is never used in the child
+        s = child.socket(zmq.DEALER)
+        s.connect(address)
+        s.send(b"here")
+        s.recv()
+        s.send(str(float(big[:4].sum())).encode())
+        child.destroy(linger=5000)  # the answer sent before the process goes
+        os._exit(0)
+    rep.send(str(pid).encode())
+    os.waitpid(pid, 0)
+rep.send(b"")
+"""
+
+
+class Floor:
+    """The bare process holding ``mib`` MiB, ready to fork (``round()``, then ``close()``)."""
+
+    def __init__(self, mib: int, root: str) -> None:
+        self._ctx = zmq.Context()
+        self._req = self._ctx.socket(zmq.REQ)
+        self._req.bind(f"ipc://{root}/floor-parent")
+        self._answers = self._ctx.socket(zmq.ROUTER)
+        self._address = f"ipc://{root}/floor-child"
+        self._answers.bind(self._address)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _FLOOR_PROCESS, str(mib), f"ipc://{root}/floor-parent"]
+        )
+
+    def round(self) -> float:
+        """Seconds from asking for the fork to the child's answer to one request."""
+        started = time.perf_counter()
+        self._req.send(self._address.encode())
+        peer, _ = self._answers.recv_multipart()  # the child connected (in its fresh context)
+        self._answers.send_multipart([peer, b"read"])
+        _, answer = self._answers.recv_multipart()
+        elapsed = time.perf_counter() - started
+        assert float(answer) == 4.0, answer
+        self._req.recv()  # the parent's own answer (the child's pid)
+        return elapsed
+
+    def close(self) -> None:
+        self._req.send(b"")
+        self._req.recv()
+        self._proc.wait(30)
+        self._ctx.destroy(linger=0)
+
+
+def floor_rounds(mib: int, rounds: int) -> list[float]:
+    with TemporaryDirectory() as root:
+        floor = Floor(mib, root)
+        try:
+            floor.round()  # the first round waits for the process to build its array
+            return [floor.round() for _ in range(rounds)]
+        finally:
+            floor.close()
 
 
 def restore_round(ex: KernelExecutor, snapshot: Any) -> float:
@@ -95,24 +173,30 @@ def measure(rounds: int, mib: int, kind: str = "fork-kernel") -> dict[str, Any]:
         try:
             ex.execute(build(mib))
             snapshot = ex.snapshot()
-            forks, restores, colds, uss, grown = [], [], [], [], []
+            forks, restores, colds, uss, grown, calls = [], [], [], [], [], []
             for _ in range(rounds):
-                seconds, before, after = fork_round(ex)
+                seconds, before, after, call = fork_round(ex)
                 forks.append(seconds)
                 uss.append(before)
                 grown.append(after)
+                calls.append(call)
                 restores.append(restore_round(ex, snapshot))
                 colds.append(cold_round(root, mib, kind))
             snapshot.release()
         finally:
             ex.close()
             stop_fork_servers()
+    # Interleaved with the forks' rounds would put a second 1 GiB process beside each fork;
+    # measured right after them, in the same run, at (about) the same load.
+    floor = statistics.median(floor_rounds(mib, rounds))
     return {
         "executor": kind,
         "load": os.getloadavg(),
         "array_mib": mib,
         "rounds": rounds,
         "fork_first_block_p50_s": statistics.median(forks),
+        "fork_call_p50_s": statistics.median(calls),
+        "floor_fork_first_answer_p50_s": floor,
         "restore_first_block_p50_s": statistics.median(restores),
         "cold_start_rerun_p50_s": statistics.median(colds),
         "child_uss_mib": statistics.median(uss),
@@ -232,6 +316,14 @@ def _print(r: dict[str, Any]) -> None:
     print(
         f"  fork to the child's first block {fork * 1000:.0f} ms  target "
         f"{FORK_TARGET_S * 1000:.0f} ms: {verdict}"
+    )
+    call = r["fork_call_p50_s"]
+    block = (fork - call) * 1000
+    print(f"    of which fork() {call * 1000:.0f} ms, the first block {block:.0f} ms")
+    floor = r["floor_fork_first_answer_p50_s"]
+    print(
+        f"  floor: os.fork() of a bare process holding the array to its child's first ZMQ "
+        f"answer {floor * 1000:.1f} ms; the fork is {fork / floor:.1f}x the floor"
     )
     print(f"  restore a live snapshot + block {r['restore_first_block_p50_s'] * 1000:.0f} ms")
     print(f"  cold start + re-run the blocks {r['cold_start_rerun_p50_s'] * 1000:.0f} ms")

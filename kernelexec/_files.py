@@ -211,6 +211,16 @@ _ERRORS: dict[str, type[Exception]] = {
 Evaluate = Callable[[str, str], Awaitable[str]]
 
 
+def _unquoted(text: str) -> Any:
+    """The string whose repr the kernel gave. A JSON answer (base64 data, quoted with ``"``)
+    comes back in single quotes with no escape in it: its body as it is, where parsing it as
+    a Python literal took 0.35 s of each 4 MiB chunk's 1.2 s on a loaded host."""
+    body = text[1:-1]
+    if len(text) >= 2 and text[0] == text[-1] == "'" and "\\" not in body and "'" not in body:
+        return body
+    return ast.literal_eval(text)
+
+
 class KernelFiles:
     """The work dir of a kernel on another machine, reached through the kernel itself."""
 
@@ -292,7 +302,7 @@ class KernelFiles:
     async def _op(self, op: str, path: str, *args: Any) -> dict[str, Any]:
         call = ", ".join(repr(a) for a in (op, self.root, path, *args))
         text = await self._evaluate(_KERNEL_HELPER, f"__kx_files__({call})")
-        answer: dict[str, Any] = json.loads(ast.literal_eval(text))
+        answer: dict[str, Any] = json.loads(_unquoted(text))
         if "error" in answer:
             raise _ERRORS.get(answer["error"], OSError)(answer["message"])
         return answer

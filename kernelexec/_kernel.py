@@ -636,6 +636,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         #: loaded from a durable snapshot of the parent: ``restored`` says what came back)
         self.forked_via: str | None = None
         self._fork_source: _ForkSource | None = None
+        self._blank = False  # a fork's kernel, started and not yet used (see ``_begin_fork``)
         # The other languages' kernels, by kernelspec (JavaScript and TypeScript share Deno's),
         # started on a block's first use; ``_running`` is the one a block runs in now.
         self._others: dict[str, _LanguageKernel] = {}
@@ -968,10 +969,16 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _forks_via_snapshot(self, count: int) -> list[AsyncKernelExecutor]:
         """``count`` new executors, each on a fresh back end of this one's kind, to be loaded
         (by ``_begin_fork``, on the loop that drives each) from one durable snapshot of this
-        session, signed with a key made for it alone and removed once they are loaded."""
+        session, signed with a key made for it alone and removed once they are loaded. The
+        snapshot is taken meanwhile (a task on this loop, the session's lock held from the
+        start): each fork's kernel starts while it is written (a gateway's kernel takes
+        seconds to start; the snapshot as long, or longer)."""
         source = _ForkSource()
+        source.saving = asyncio.ensure_future(self._save_durable(source.path, source.key))
+        await asyncio.sleep(0)  # it takes the lock now (or finds a block running: SessionBusy)
         try:
-            await self._save_durable(source.path, source.key)
+            if source.saving.done():
+                source.saving.result()
             children: list[AsyncKernelExecutor] = []
             for _ in range(count):
                 backend = self.backend.fresh_copy()
@@ -981,18 +988,22 @@ class AsyncKernelExecutor(AsyncExecutor):
                 child._fork_source = source
                 children.append(child)
         except BaseException:
-            source.close()
+            await source.drop()
             raise
         return children
 
     async def _begin_fork(self) -> None:
         """Start a fork: a process fork is connected to; a fork through a snapshot is a fresh
-        kernel the snapshot is loaded into (``restored`` says, name by name, what came back)."""
-        source, self._fork_source = self._fork_source, None
+        kernel, started while the snapshot is taken, that it is then loaded into
+        (``restored`` says, name by name, what came back)."""
+        source = self._fork_source  # removed by the caller once every fork began
         if source is None:
             await self.start()
             self.forked_via = "process"
             return
+        await self.start()
+        await source.taken()
+        self._blank = True  # nothing ran in it: the snapshot is loaded into this very kernel
         self.restored = await self.restore(source.path, key=source.key)
         self.forked_via = "snapshot"
 
@@ -1069,7 +1080,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         verified = await asyncio.to_thread(Verified, path, key)
         try:
             async with self._durable_lock("restore()"):
-                fresh = not self._started
+                fresh, self._blank = not self._started or self._blank, False
                 await self._check_python(verified.manifest["python"], path)
                 if not fresh:
                     await self._replace_kernel()  # a fresh kernel, as a resume gets
@@ -1576,15 +1587,46 @@ class AsyncKernelExecutor(AsyncExecutor):
 
 
 class _ForkSource:
-    """The durable snapshot forks are loaded from: a private temp folder, a one-off key."""
+    """The durable snapshot forks are loaded from: a private temp folder, a one-off key, and
+    the task writing it on the session's loop (``saving``)."""
 
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="kernelexec-fork-")
         self.path = Path(self._dir) / "session.kx"
         self.key = os.urandom(32)
+        self.saving: asyncio.Future[Any] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    async def taken(self) -> None:
+        """Wait for the snapshot, from any loop (a sync fork runs on a loop of its own); its
+        error (``SessionBusy``, ``SnapshotError``) is the fork's."""
+        if self.saving is None:
+            return
+        if self._loop is asyncio.get_running_loop():
+            await asyncio.shield(self.saving)
+            return
+        future = asyncio.run_coroutine_threadsafe(_shielded(self.saving), self._loop)
+        await asyncio.wrap_future(future)
+
+    async def drop(self) -> None:
+        """Remove it, once no task writes it (one still writing is let finish: cut short, it
+        would leave the session's kernel with a request half answered)."""
+        saving, self.saving = self.saving, None
+        if saving is not None:
+            with contextlib.suppress(BaseException):
+                await saving
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def close(self) -> None:
+        """``drop()`` from any thread, once the forks are loaded (or have failed)."""
+        if self.saving is not None and not self.saving.done() and not self._loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self.drop(), self._loop)
+            return
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+async def _shielded(future: asyncio.Future[Any]) -> Any:
+    return await asyncio.shield(future)
 
 
 def _drop_fork_sources(children: list[AsyncKernelExecutor]) -> None:

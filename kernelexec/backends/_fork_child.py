@@ -1,10 +1,12 @@
 """Forks a running IPython kernel: sent as source to the kernel (never imported by the host).
 
-The host loads this into the kernel with a silent request and calls ``fork(request)`` as its
-user expression (see ``forked_kernel``). The
-kernel forks twice (the child is nobody's child but init's: the kernel that forked it never has
-to reap it) and answers with the child's pid; the kernel itself is undisturbed: no name added,
-no history, no output. The child, copy-on-write, keeps the kernel's whole Python state (every
+The host loads this into the kernel with a silent request (once per kernel: its forks inherit
+it) and calls ``fork(request)`` as its user expression (see ``forked_kernel``). The kernel forks
+once and answers with the child's pid; a thread of its own reaps the child when it ends (a
+second fork, so that init would be the parent, cost a copy of the page tables and the middle
+process's exit on every fork: 20 to 40 ms of a 1 GiB session's). The kernel itself is
+undisturbed: no name added, no history, no output. The child, copy-on-write, keeps the kernel's
+whole Python state (every
 variable, import, figure) and builds what is the kernel's own process around it again:
 
 - its cgroup (the host made it) joined first, then a session of its own;
@@ -32,37 +34,51 @@ _kept: list[Any] = []  # the parent's objects, kept alive (never collected) in t
 def fork(request: dict[str, Any]) -> int:
     """In the kernel: fork the child described by ``request``; the child's pid."""
     import sys
+    import threading
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    setup = _compiled(request.get("setup"))  # here: each later fork inherits the code object
     read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        code = 1
-        try:
-            os.close(read_end)
-            child = os.fork()
-            if child == 0:
-                _become_kernel(request)  # never returns
-            os.write(write_end, str(child).encode())
-            code = 0
-        finally:
-            os._exit(code)
+    child = os.fork()
+    if child == 0:
+        os.close(read_end)
+        _become_kernel(request, setup, write_end)  # never returns
     os.close(write_end)
-    os.waitpid(middle, 0)
+    reaper = threading.Thread(target=_reap, args=(child,), name="kernelexec-fork", daemon=True)
+    reaper.start()
+    # Answered once the child is in its own cgroup and session: a snapshot's kernel is paused
+    # (its process group stopped) right after it forks, which must not stop the child too.
     with os.fdopen(read_end, "rb") as f:
-        text = f.read().decode()
-    if not text:
-        raise RuntimeError("the forked kernel's process did not start")
-    return int(text)
+        if not f.read(1):
+            raise RuntimeError("the forked kernel's process did not start")
+    return child
 
 
-def _become_kernel(request: dict[str, Any]) -> None:
+def _reap(pid: int) -> None:
+    """Wait for the forked child (this pid alone: the kernel's own children are the blocks')."""
+    with contextlib.suppress(OSError):  # a block's os.wait() may have reaped it first
+        os.waitpid(pid, 0)
+
+
+_codes: dict[str, Any] = {}  # the set-up code, compiled once per kernel (40 KB: 20 ms or more)
+
+
+def _compiled(setup: str | None) -> Any:
+    if not setup:
+        return None
+    code = _codes.get(setup)
+    if code is None:
+        code = _codes[setup] = compile(setup, "<kernelexec set-up>", "exec")
+    return code
+
+
+def _become_kernel(request: dict[str, Any], setup: Any, ready: int) -> None:
     code = 1
     try:
-        _prepare_process(request)
-        app = _rebuild_app(request)
+        _prepare_process(request, ready)
+        app = _rebuild_app(request, setup)
         code = 0
         try:
             app.start()
@@ -79,7 +95,7 @@ def _become_kernel(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _prepare_process(request: dict[str, Any]) -> None:
+def _prepare_process(request: dict[str, Any], ready: int) -> None:
     import atexit
     import signal
 
@@ -88,6 +104,8 @@ def _prepare_process(request: dict[str, Any]) -> None:
         with open(procs, "w", encoding="ascii") as f:
             f.write("0")  # first: nothing the child runs is outside its cgroup
     os.setsid()  # its own session and process group: the host kills the group with it
+    os.write(ready, b"1")  # the parent answers the host now
+    os.close(ready)
     # The parent's exit handlers (its connection file's clean-up, its sockets') are not ours.
     atexit._clear()
     signal.set_wakeup_fd(-1)  # the parent's event loop's wake-up pipe, closed below
@@ -134,7 +152,7 @@ def _close_shared() -> None:
                 os.close(fd)
 
 
-def _rebuild_app(request: dict[str, Any]) -> Any:
+def _rebuild_app(request: dict[str, Any], setup: Any) -> Any:
     """The kernel application, with new sockets, threads and kernel around the same shell."""
     import asyncio
     import logging
@@ -176,9 +194,8 @@ def _rebuild_app(request: dict[str, Any]) -> Any:
     app.init_kernel()
     shell.parent = shell.kernel = app.kernel
     app.shell = shell
-    setup = request.get("setup")
-    if setup:
-        exec(compile(setup, "<kernelexec set-up>", "exec"), shell.user_ns)
+    if setup is not None:
+        exec(setup, shell.user_ns)
     sys.stdout.flush()
     sys.stderr.flush()
     return app

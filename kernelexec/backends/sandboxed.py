@@ -390,10 +390,11 @@ def _pid_namespace_below(bwrap: int) -> str | None:
 
 def host_pid(namespace: str, pid: int) -> int | None:
     """The host's pid of the process that is ``pid`` inside the pid namespace ``namespace``
-    (None when no such process runs): only a process of that namespace is ever named."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    (None when no such process runs): only a process of that namespace is ever named. The
+    newest processes are looked at first: a fork just made is found at once, where a scan of
+    every process (each a link read) took 10 ms of the fork's time on a busy host."""
+    pids = sorted((int(n) for n in os.listdir("/proc") if n.isdigit()), reverse=True)
+    for name in pids:
         try:
             if os.readlink(f"/proc/{name}/ns/pid") != namespace:
                 continue

@@ -8,6 +8,7 @@ from the executor's local work dir) shows that files went over the protocol.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,6 +90,20 @@ def test_fork_goes_through_a_snapshot(ex: KernelExecutor) -> None:
         child.close()
     # the parent is undisturbed: its state and its files
     assert ex.execute(CHECK).output.split() == EXPECTED
+
+
+def test_a_fork_leaves_no_snapshot_behind(
+    ex: KernelExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durable snapshot a fork goes through (the session's whole namespace, pickled) is
+    removed once the fork is loaded; the fork's kernel started while it was taken."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    child = ex.fork()
+    try:
+        assert child.execute(CHECK).output.split() == EXPECTED
+    finally:
+        child.close()
+    assert not list(tmp_path.rglob("*.kx"))
 
 
 def test_fork_of_a_kernel_with_a_fixed_folder_is_refused(

@@ -52,3 +52,16 @@ def test_a_pickle_named_outside_its_folder_is_refused(tmp_path: Path) -> None:
     with Door(tmp_path) as mirror, pytest.raises(InvalidPath):
         asyncio.run(fetch_remote(files, saved, ".kernelexec/snap", [], mirror))
     assert not list(tmp_path.parent.glob("outside.pkl"))
+
+
+def test_an_answer_is_read_as_the_string_the_kernel_gave(tmp_path: Path) -> None:
+    """The quick reading of a plain answer (no escape in it) and Python's reading of any other
+    give the same string; what is not a string's repr is refused as before."""
+    from kernelexec._files import _unquoted
+
+    for value in ['{"data": "QUJD"}', "it's", 'back\\slash "q"', "new\nline", "é ✓", ""]:
+        assert _unquoted(repr(value)) == value
+        assert _unquoted(repr(json.dumps({"data": value}))) == json.dumps({"data": value})
+    for not_a_repr in ("'a' + 'b'", "__import__('os')"):  # a quote inside: parsed, not cut
+        with pytest.raises((ValueError, SyntaxError)):
+            _unquoted(not_a_repr)
