@@ -34,6 +34,7 @@ _DOCKER_1 = {
     "test_docker_kernel.py",
     "test_bench_docker.py",
     "test_docker_out_of_docker.py",
+    "test_fork_docker.py",
 }
 
 
