@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from kx_containment import our_cgroups
 from kx_fork import cgroup_of, gone_within, kernel_pid, running
+from kx_snapshots import resign
 
 from kernelexec import (
     ForkKernel,
@@ -326,27 +327,6 @@ def test_a_durable_snapshot_resumes_in_a_fresh_kernel(saved: Path, tmp_path: Pat
         resumed.close()
 
 
-def _resign(path: Path, out: Path, change: dict[str, object]) -> None:
-    """A copy of the snapshot with its manifest changed, signed again with the right key."""
-    import hashlib
-    import hmac
-    import io
-    import json
-    import zipfile
-
-    data = path.read_bytes()
-    body = io.BytesIO(data[40:])
-    fresh = io.BytesIO()
-    with zipfile.ZipFile(body) as src, zipfile.ZipFile(fresh, "w") as dst:
-        for info in src.infolist():
-            content = src.read(info)
-            if info.filename == "manifest.json":
-                content = json.dumps({**json.loads(content), **change}).encode()
-            dst.writestr(info, content)
-    signed = fresh.getvalue()
-    out.write_bytes(data[:8] + hmac.new(KEY, signed, hashlib.sha256).digest() + signed)
-
-
 def test_a_bad_snapshot_file_is_refused_before_anything_is_read(
     saved: Path, tmp_path: Path
 ) -> None:
@@ -367,7 +347,7 @@ def test_a_bad_snapshot_file_is_refused_before_anything_is_read(
     with pytest.raises(SnapshotError, match="signature does not match"):
         KernelExecutor.resume(saved, key=b"another key, 16+ bytes", backend=ForkKernel())
     other = tmp_path / "other-python.kx"
-    _resign(saved, other, {"python": [3, 99, 0]})
+    resign(saved, other, {"python": [3, 99, 0]}, KEY)
     with pytest.raises(SnapshotError, match=r"written by Python 3\.99"):
         KernelExecutor.resume(other, key=KEY, backend=ForkKernel(), timeout=60)
 
