@@ -31,6 +31,7 @@ chooses one (``auto``, the default, takes the first that works on this host).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -271,11 +272,7 @@ class _CgroupJail(Jail):
             os.close(fd)
 
     def pids(self) -> set[int]:
-        try:
-            text = (self.path / "cgroup.procs").read_text()
-        except OSError:
-            return set()
-        return {int(p) for p in text.split()}
+        return _members(self.path)
 
     def kill(self) -> None:
         if self._closed:
@@ -452,18 +449,50 @@ def _mount_and_own(flavour: str) -> tuple[Path | None, str | None]:
     return mount, own
 
 
+#: cgroups that were still busy when their jail closed: their removal is tried again at every
+#: later close in this process and at its exit (``sweep_orphans`` only takes a dead host's)
+_PENDING: set[Path] = set()
+
+
 def _remove_cgroup(path: Path) -> None:
     deadline = time.monotonic() + _EMPTY_WAIT
-    while True:
-        try:
-            path.rmdir()
+    while not _removed(path):
+        if time.monotonic() > deadline:
+            # Seen on a loaded machine: a killed kernel still leaving its cgroup after the
+            # wait. Never raise from a clean-up, and never leave it for good either.
+            if not _PENDING:
+                atexit.register(_remove_pending)
+            _PENDING.add(path)
             return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                return  # left for sweep_orphans(); never raise from a clean-up
-            time.sleep(0.01)
+        time.sleep(0.01)
+    _remove_pending()
+
+
+def _removed(path: Path) -> bool:
+    """Whether ``path`` is gone now (a busy cgroup's members are killed again on the way)."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            return True  # a retry would not change it: given up, as ever
+        kill_pids(_members(path))  # busy: a member still dying, or one that slipped in
+        return False
+    return True
+
+
+def _remove_pending() -> None:
+    for path in list(_PENDING):
+        if _removed(path):
+            _PENDING.discard(path)
+
+
+def _members(path: Path) -> set[int]:
+    try:
+        return {int(p) for p in (path / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
 
 
 def _proc_table() -> list[tuple[int, int, int]]:
