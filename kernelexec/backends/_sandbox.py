@@ -30,6 +30,8 @@ from pathlib import Path
 
 from .._errors import BackendUnavailable
 from .._network import NetworkPolicy, NetworkSetting, check_network
+from ._fontcache import SANDBOX_FOLDER as FONT_FOLDER
+from ._fontcache import font_lists
 
 #: Paths hidden by default: where credentials usually live.
 DEFAULT_HIDE = (
@@ -153,13 +155,16 @@ def bwrap_argv(
     readable: Sequence[str | Path] = (),
     files: Mapping[str, str] = {},
     as_root: Sequence[str] = (),
+    fonts: str | None = None,
 ) -> list[str]:
     """``argv`` run inside a sandbox whose only writable places are ``work_dir``,
     ``writable`` and the options' own; ``readable`` are shown read-only (the egress proxy's
     folder); ``env`` is the whole environment it sees (plus ``BASE_ENV`` from the host).
     ``files``: host file -> the path it is shown at, read-only (the egress resolver's
     resolv.conf). ``as_root``: a command prefix run before the rights are dropped, when the
-    host is root (the egress DNS responder's port 53), else left out."""
+    host is root (the egress DNS responder's port 53), else left out. ``fonts``: the
+    interpreter whose matplotlib font lists the sandbox gets, read-only in a folder of its own
+    in ``/tmp`` (``_fontcache``), unless ``env`` names a matplotlib folder itself."""
     bwrap, root = bwrap_path(), host_is_root()
     work = _real(work_dir)
     places = [work, *(_real(p) for p in [*writable, *options.writable])]
@@ -170,6 +175,11 @@ def bwrap_argv(
     out += ["--perms", "1777", "--size", str(options.tmp_size), "--tmpfs", "/tmp"]
     # the sandbox's user writes shared memory too, within the same bound as /tmp
     out += ["--perms", "1777", "--size", str(options.tmp_size), "--tmpfs", "/dev/shm"]
+    lists = font_lists(fonts) if fonts and "MPLCONFIGDIR" not in env else []
+    if lists:  # matplotlib writes beside them (1777, as /tmp); the lists are only read
+        out += ["--perms", "1777", "--dir", FONT_FOLDER]
+        out += [a for f in lists for a in ("--ro-bind", str(f), f"{FONT_FOLDER}/{f.name}")]
+        env = {**env, "MPLCONFIGDIR": FONT_FOLDER}
     if root:
         # A folder only root may enter (0700) around a bound path: the sandbox's user could not
         # reach the path through it, so an empty one takes its place and the path is bound in.

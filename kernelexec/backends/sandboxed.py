@@ -28,6 +28,7 @@ from .._errors import KernelStartFailed
 from .._types import NetworkEvent
 from ._containment import Jail
 from ._egress import Egress, install_packages, sandbox_argv, sandbox_dns, sandbox_environment
+from ._fontcache import copy_into, font_lists
 from ._sandbox import (
     SandboxOptions,
     bwrap_argv,
@@ -72,8 +73,15 @@ class SandboxedCommand(LocalCommand):
             env = sandbox_environment(egress, env)
         readable = [egress.folder] if egress is not None else []
         dns = sandbox_dns(egress) if egress is not None else {}
+        await asyncio.to_thread(font_lists, sys.executable)  # built once, off the event loop
         wrapped = bwrap_argv(
-            self.sandbox, argv, work_dir=work_dir, env=env, readable=readable, **dns
+            self.sandbox,
+            argv,
+            work_dir=work_dir,
+            env=env,
+            readable=readable,
+            fonts=sys.executable,
+            **dns,
         )
         return await super().run(
             wrapped,
@@ -221,6 +229,8 @@ class SandboxedKernel(LocalKernel):
     async def start(self, *, work_dir: Path, env: Mapping[str, str], timeout: float) -> None:
         if self._other_name and self._other is None:
             raise KernelStartFailed(f"no kernelspec named {self._other_name!r}")
+        if self._other is None:  # its font list: built once, off the event loop
+            await asyncio.to_thread(font_lists, self.python or _kernelspec_python(self.kernel_name))
         give_to_sandbox(work_dir, self.sandbox, also=self.sandbox.writable)
         # the session's packages= are Python's, whichever language this kernel runs
         python = self.python or (
@@ -253,6 +263,8 @@ class SandboxedKernel(LocalKernel):
         else:
             python = self.python or _kernelspec_python(self.kernel_name)
             inner = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+            if "MPLCONFIGDIR" not in self._env:  # its font list, not built again inside
+                copy_into(os.path.join(run, "matplotlib"), python)
         # Pid 1 of the sandbox is bwrap's reaper, not the kernel's parent: "1" tells ipykernel
         # there is no parent to watch (--die-with-parent does that) and keeps it from printing
         # its console note.

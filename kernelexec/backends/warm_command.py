@@ -32,6 +32,7 @@ from typing import Any
 
 from .._errors import BackendUnavailable
 from . import _containment
+from ._fontcache import font_lists
 from ._sandbox import SandboxOptions, bwrap_argv, check_sandbox, give_to_sandbox, sandbox_options
 from .base import ByteSink, CommandOutcome
 from .local_command import (
@@ -134,6 +135,8 @@ class WarmCommand(LocalCommand):
             if self.block_containment.startswith("cgroup"):
                 jail = _containment.make_jail(self.block_containment)
             try:
+                if self.sandbox is not None:  # its font list: built once, off the event loop
+                    await asyncio.to_thread(font_lists, self.python)
                 argv, spawn_env = self._spawner_command(view)
                 self._warm = await _Spawner.start(argv, self.warm_up, spawn_env, jail, view)
             except BaseException:
@@ -164,7 +167,7 @@ class WarmCommand(LocalCommand):
             self.sandbox, readable=[*self.sandbox.readable, str(_SPAWNER.parent)]
         )
         inner = {**_SPAWNER_ENV, "KX_WARM_SANDBOX": "1", "PYTHONPATH": os.pathsep.join(view)}
-        wrapped = bwrap_argv(options, argv, work_dir=self._work_dir, env=inner)
+        wrapped = bwrap_argv(options, argv, work_dir=self._work_dir, env=inner, fonts=self.python)
         return wrapped, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     async def run(
