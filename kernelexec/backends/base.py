@@ -197,6 +197,12 @@ class KernelBackend(ABC):
     async def shutdown(self) -> None:
         """Stop the kernel and release everything ``start`` created. Safe to call twice."""
 
+    @property
+    def forks_live(self) -> bool:
+        """Whether ``fork()`` may fork the kernel process (for a kind that forks, ``FORKABLE``);
+        False: it goes through a durable snapshot (``fresh_copy``) instead."""
+        return True
+
     def fresh_copy(self) -> KernelBackend | None:
         """A new, unstarted back end like this one (same server, kernelspec, options), for a
         fork made through a durable snapshot when the kernel process cannot be forked (see
