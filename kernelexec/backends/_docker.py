@@ -490,13 +490,14 @@ class ContainerHandle:
         environment: Mapping[str, str],
         *,
         stdin: bool = False,
+        workdir: str = WORKSPACE,
     ) -> tuple[str, Any]:
-        """Start ``argv`` in ``container`` (in ``WORKSPACE``, with ``container_env`` plus
+        """Start ``argv`` in ``container`` (in ``workdir``, with ``container_env`` plus
         ``environment``): the exec's id and the socket its multiplexed output arrives on (and,
         with ``stdin``, its raw input goes to)."""
         env = container_env(self.options, environment, self.egress)
         return await self.call(
-            "docker exec", _exec_start, self._api(), container.id, argv, env, stdin
+            "docker exec", _exec_start, self._api(), container.id, argv, env, stdin, "", workdir
         )
 
     async def exec_exit_code(self, exec_id: str) -> int:
@@ -716,6 +717,7 @@ def _exec_start(
     env: Mapping[str, str],
     stdin: bool = False,
     user: str = "",
+    workdir: str = WORKSPACE,
 ) -> tuple[str, Any]:
     created = api.exec_create(
         container_id,
@@ -724,7 +726,7 @@ def _exec_start(
         stderr=True,
         stdin=stdin,
         environment=dict(env),
-        workdir=WORKSPACE,
+        workdir=workdir,
         user=user,
     )
     exec_id = created["Id"]

@@ -65,6 +65,9 @@ class DockerForkedKernel(DockerLanguageKernel):
     session (a new container) ends it. It cannot restart on its own (its state is gone)."""
 
     kind = "docker-forked-kernel"
+    # Not /workspace: once the session is closed its host folder is gone, and the engine
+    # refuses an exec whose working folder is a removed mount ("outside of the container").
+    _exec_dir = "/"
     #: where the fork's executor works (None: a fresh host folder of its own)
     work_home: Path | None = None
 
@@ -75,7 +78,8 @@ class DockerForkedKernel(DockerLanguageKernel):
             # status 2, "fork rejected by pids controller"): gVisor's threads count too.
             raise ForkUnsupported(
                 f"a fork or live snapshot under gVisor needs pids_limit={GVISOR_PIDS} or more"
-                f" (it is {options.pids_limit}): every thread of the sandbox counts against it"
+                f" (it is {options.pids_limit}): every thread of the sandbox counts against it;"
+                " fork(via='snapshot') forks into a container of its own instead"
             )
         super().__init__(parent, "python3", slot=parent.next_slot())
         self.origin_kind = "docker-kernel"

@@ -967,6 +967,8 @@ class DockerLanguageKernel(KernelBackend):
 
     kind = "docker-kernel"
     inherits_host_env = False
+    #: where its relay's ``docker exec`` starts
+    _exec_dir = WORKSPACE
 
     def __init__(self, parent: DockerKernel, kernel_name: str, *, slot: int) -> None:
         self.parent, self.kernel_name = parent, kernel_name
@@ -1025,7 +1027,9 @@ class DockerLanguageKernel(KernelBackend):
         self, info: dict[str, Any], docker: Any, container: Any, frames: Any
     ) -> None:
         argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT]
-        _, stream = await docker.exec_stream(container, argv, {}, stdin=True)
+        _, stream = await docker.exec_stream(
+            container, argv, {}, stdin=True, workdir=self._exec_dir
+        )
         self._sockets = sockets = Path(tempfile.mkdtemp(prefix=TEMP_PREFIXES[0]))
         mark_folder(sockets)  # `kernelexec gc` removes it once this process is gone
         endpoints = {sockets / f"kernel-{i}": port for i, port in enumerate(self._ports, 1)}
