@@ -969,11 +969,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
-        if getattr(old, "holds_forks", False):
+        if old.holds_forks:
             self._origin = old  # the new kernel lives in its sandbox (or container)
-            retire = getattr(old, "retire", None)
-            if retire is not None:
-                await retire()  # a Docker kernel: its process ends, its container stays
+            if old.retires:
+                await old.retire()  # a Docker kernel: its process ends, its container stays
         else:
             await old.shutdown()
 
@@ -1029,7 +1028,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
         snapshot.label = f"checkpoint after block {block.index}"
-        if getattr(self.backend, "retire", None) is not None:
+        if self.backend.retires:
             # A Docker kernel is its container's first process: the session moves to a fork
             # of the checkpoint (same state, same files), so that a block that kills its kernel
             # no longer ends the container the checkpoint lives in.
@@ -1128,7 +1127,7 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _unpack_durable(self, verified: Verified, folder: str) -> None:
         if self.backend.shares_work_dir:
             # A container's or sandbox's user must own what it is to write again.
-            owner = getattr(self.backend, "owner", None)
+            owner = self.backend.owner
             await asyncio.to_thread(_unpack, verified, self._door, folder, owner)
             return
         with (
@@ -1263,7 +1262,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
-        home = getattr(backend, "work_home", None)
+        home = backend.work_home
         child = type(self)(
             backend,
             work_dir=home,
@@ -1532,7 +1531,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         if origin is not None:  # restored in a sandbox: its first kernel restarts (a new one)
             current, self.backend = self.backend, origin
             await current.shutdown()
-        if getattr(self.backend, "holds_forks", False):
+        if self.backend.holds_forks:
             await self._release_snapshots()  # they live in the sandbox the restart ends
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
@@ -1693,7 +1692,7 @@ async def _pause(executor: AsyncKernelExecutor, *, paused: bool) -> None:
 def _dies_with_kernel(backend: KernelBackend) -> bool:
     """Whether what holds the kernel's forks (a sandbox) ends when the kernel dies: a Docker
     kernel's container does not, once the kernel retires (``DockerKernel.retire``)."""
-    return getattr(backend, "holds_forks", False) and getattr(backend, "retire", None) is None
+    return backend.holds_forks and not backend.retires
 
 
 async def _close_all(executors: list[AsyncKernelExecutor]) -> None:

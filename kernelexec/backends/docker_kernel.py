@@ -431,6 +431,7 @@ class DockerKernel(KernelBackend):
     # -- kernels forked in the container (``docker_fork``) ------------------------------------
     #: a restore keeps it (``_kernel``): its container holds the kernels forked in it
     holds_forks = True
+    retires = True
 
     @property
     def owner(self) -> tuple[int, int] | None:
