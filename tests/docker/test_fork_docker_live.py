@@ -108,6 +108,15 @@ def test_forks_hold_the_state_and_a_copy_of_the_files_and_nothing_planted(
         )
         assert first.execute(_PLANT + rename).output.strip() == "refused"
         assert first.execute(_PROBE).output.split() == ["refused"] * 4
+        # A fork's own snapshot, restored, works in the fork's folder still.
+        snap = first.snapshot()
+        try:
+            assert first.execute("os.remove('b.txt')").ok
+            first.restore(snap)
+            where = first.execute("print(os.getcwd(), os.path.exists('b.txt'))").output.split()
+            assert where == [f"/kx-branches/{Path(first.work_dir).name}", "True"]
+        finally:
+            snap.release()
         grand = first.fork()
         try:
             kinds = _kinds(Path(grand.work_dir))
