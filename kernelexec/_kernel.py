@@ -772,17 +772,22 @@ class AsyncKernelExecutor(AsyncExecutor):
                 await other.close()
 
     # -- fork and live snapshots -------------------------------------------------------------
-    async def fork(self, n: int | None = None) -> Any:
+    async def fork(self, n: int | None = None, *, via: str | None = None) -> Any:
         """A new executor whose kernel holds this one's state (every variable, import, figure)
         and whose work dir is a copy of this one's; the two then diverge. ``fork(n=3)``: a
-        list of three. The kernel process is forked copy-on-write (local and fork-server
-        kernels); a kernel whose process cannot be forked but whose back end offers a
-        ``fresh_copy`` (gateway, provisioned) forks through a durable snapshot: a fresh kernel
-        of the same kind loaded from it, ``forked_via == "snapshot"``, its ``restored`` naming
-        what did not come back; ``ForkUnsupported`` elsewhere. This session is undisturbed.
-        Refused with ``SessionBusy`` while a block runs. Each fork is closed on its own."""
+        list of three. The kernel process is forked copy-on-write (local, fork-server,
+        sandboxed and Docker kernels; a Docker kernel's fork is a process of the same
+        container, working in ``/kx-branches/<name>``: absolute ``/workspace`` paths there
+        still name this session's folder); a kernel whose process cannot be forked but whose
+        back end offers a ``fresh_copy`` (gateway, provisioned; Docker with ``bind_dir``)
+        forks through a durable snapshot: a fresh kernel of the same kind loaded from it,
+        ``forked_via == "snapshot"``, its ``restored`` naming what did not come back;
+        ``ForkUnsupported`` elsewhere. ``via="snapshot"`` asks for that route where both exist
+        (a Docker fork in a container of its own), ``via="process"`` for a process fork only.
+        This session is undisturbed. Refused with ``SessionBusy`` while a block runs. Each
+        fork is closed on its own."""
         count = 1 if n is None else n
-        children = await self._forked(count)
+        children = await self._forked(count, via)
         try:
             for child in children:
                 await child._begin_fork()
@@ -836,17 +841,24 @@ class AsyncKernelExecutor(AsyncExecutor):
             with contextlib.suppress(Exception):
                 await cast(AsyncKernelExecutor, job.fork).close()
 
-    async def _forked(self, count: int) -> list[AsyncKernelExecutor]:
+    async def _forked(self, count: int, via: str | None = None) -> list[AsyncKernelExecutor]:
         """``count`` forks, their kernels forked and not yet connected to: each is started on
         the event loop that will drive it (the sync twin gives each its own)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"n is a number of forks (1 or more), not {count!r}")
-        kind = self.backend.kind
-        by_snapshot = kind not in FORKABLE or kind in _SNAPSHOT_FORKS
-        if by_snapshot and self.backend.fresh_copy() is not None:
-            return await self._forks_via_snapshot(count)
+        if via not in (None, "process", "snapshot"):
+            raise ValueError(f"via is None, 'process' or 'snapshot', not {via!r}")
+        backend = self.backend
+        live = backend.kind in FORKABLE and backend.forks_live
+        if via == "snapshot" or (via is None and not live):
+            if backend.fresh_copy() is not None:
+                return await self._forks_via_snapshot(count)
+            if via == "snapshot":
+                raise ForkUnsupported(f"a {backend.kind} back end cannot fork through a snapshot")
+        if via == "process" and backend.kind in FORKABLE and not live:
+            raise ForkUnsupported(f"this {backend.kind} back end cannot fork its kernel process")
         async with self._branching("fork()"):
-            return await self._forks(count, lineage=self._lineage)
+            return await self._forks(count, lineage=self._lineage, live=True)
 
     async def snapshot(
         self,
@@ -957,11 +969,10 @@ class AsyncKernelExecutor(AsyncExecutor):
             raise
         self._dead = None
         self._idle_since = asyncio.get_running_loop().time()
-        if getattr(old, "holds_forks", False):
+        if old.holds_forks:
             self._origin = old  # the new kernel lives in its sandbox (or container)
-            retire = getattr(old, "retire", None)
-            if retire is not None:
-                await retire()  # a Docker kernel: its process ends, its container stays
+            if old.retires:
+                await old.retire()  # a Docker kernel: its process ends, its container stays
         else:
             await old.shutdown()
 
@@ -1017,7 +1028,7 @@ class AsyncKernelExecutor(AsyncExecutor):
             _log.warning("no checkpoint after block %s: %s", block.index, exc)
             return
         snapshot.label = f"checkpoint after block {block.index}"
-        if getattr(self.backend, "retire", None) is not None:
+        if self.backend.retires:
             # A Docker kernel is its container's first process: the session moves to a fork
             # of the checkpoint (same state, same files), so that a block that kills its kernel
             # no longer ends the container the checkpoint lives in.
@@ -1116,7 +1127,7 @@ class AsyncKernelExecutor(AsyncExecutor):
     async def _unpack_durable(self, verified: Verified, folder: str) -> None:
         if self.backend.shares_work_dir:
             # A container's or sandbox's user must own what it is to write again.
-            owner = getattr(self.backend, "owner", None)
+            owner = self.backend.owner
             await asyncio.to_thread(_unpack, verified, self._door, folder, owner)
             return
         with (
@@ -1223,14 +1234,19 @@ class AsyncKernelExecutor(AsyncExecutor):
                 raise KernelDied(f"the kernel died ({self._dead}); nothing to fork")
             yield
 
-    def _forked_backend(self) -> Any:
-        return fork_backend(self.backend)
+    def _forked_backend(self, *, live: bool = False) -> Any:
+        backend = fork_backend(self.backend)
+        if live and isinstance(backend, DockerForkedKernel):
+            backend.branch()  # a fork() (not a snapshot): its own folder under /kx-branches
+        return backend
 
-    async def _forks(self, count: int, *, lineage: object) -> list[AsyncKernelExecutor]:
+    async def _forks(
+        self, count: int, *, lineage: object, live: bool = False
+    ) -> list[AsyncKernelExecutor]:
         children: list[AsyncKernelExecutor] = []
         try:
             for _ in range(count):
-                backend = self._forked_backend()
+                backend = self._forked_backend(live=live)
                 child = self._child(backend)
                 child._lineage = lineage
                 children.append(child)
@@ -1246,7 +1262,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         """A new executor like this one (same options, own work dir) for a forked kernel."""
         options = self.options
         # A sandboxed process fork's work dir was made in its sandbox; any other child's is new.
-        home = getattr(backend, "work_home", None)
+        home = backend.work_home
         child = type(self)(
             backend,
             work_dir=home,
@@ -1515,7 +1531,7 @@ class AsyncKernelExecutor(AsyncExecutor):
         if origin is not None:  # restored in a sandbox: its first kernel restarts (a new one)
             current, self.backend = self.backend, origin
             await current.shutdown()
-        if getattr(self.backend, "holds_forks", False):
+        if self.backend.holds_forks:
             await self._release_snapshots()  # they live in the sandbox the restart ends
         await self.backend.restart(timeout=self.startup_timeout)
         self._dead = None
@@ -1658,10 +1674,6 @@ def _unpack(
                 door.chown("/".join(parts[:depth]), *owner)
 
 
-#: back ends whose fork() goes through a durable snapshot (their kernel process is not forked)
-_SNAPSHOT_FORKS = ("docker-kernel", "docker-forked-kernel")
-
-
 def _pid_of(executor: AsyncKernelExecutor) -> int | None:
     pid: int | None = getattr(executor.backend, "pid", None)
     return pid
@@ -1680,7 +1692,7 @@ async def _pause(executor: AsyncKernelExecutor, *, paused: bool) -> None:
 def _dies_with_kernel(backend: KernelBackend) -> bool:
     """Whether what holds the kernel's forks (a sandbox) ends when the kernel dies: a Docker
     kernel's container does not, once the kernel retires (``DockerKernel.retire``)."""
-    return getattr(backend, "holds_forks", False) and getattr(backend, "retire", None) is None
+    return backend.holds_forks and not backend.retires
 
 
 async def _close_all(executors: list[AsyncKernelExecutor]) -> None:
@@ -1993,12 +2005,12 @@ class KernelExecutor(SyncExecutor[AsyncKernelExecutor], core=AsyncKernelExecutor
         """Interrupt the block running (from another thread); the kernel keeps its state."""
         self._call(self._core.interrupt)
 
-    def fork(self, n: int | None = None) -> Any:
+    def fork(self, n: int | None = None, *, via: str | None = None) -> Any:
         """A new ``KernelExecutor`` with this one's state and a copy of its work dir (``n``: a
         list of that many); see ``AsyncKernelExecutor.fork``. Each fork is closed on its own."""
         # Each fork gets an event-loop thread of its own (its kernel client is made there):
         # it outlives this executor.
-        cores = self._call(self._core._forked, 1 if n is None else n)
+        cores = self._call(self._core._forked, 1 if n is None else n, via)
         fronts = [SyncExecutor.wrap(core) for core in cores]
         try:
             for front in fronts:

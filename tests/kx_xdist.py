@@ -35,6 +35,7 @@ _DOCKER_1 = {
     "test_bench_docker.py",
     "test_docker_out_of_docker.py",
     "test_fork_docker.py",
+    "test_fork_docker_live.py",
 }
 
 

@@ -37,6 +37,7 @@ from .._errors import (
 from .._types import NetworkEvent
 from .._version import __version__
 from .._workdir import INTERNAL_DIR
+from ._docker_options import BRANCHES_DIR_PREFIX, LABEL_BRANCHES_DIR, LAUNCHERS_IMAGE
 from ._docker_options import DEFAULT_IMAGE as DEFAULT_IMAGE
 from ._docker_options import LABEL_HOST as LABEL_HOST
 from ._docker_options import LABEL_KIND as LABEL_KIND
@@ -44,7 +45,6 @@ from ._docker_options import LABEL_OWNER_PID as LABEL_OWNER_PID
 from ._docker_options import LABEL_RUNTIME_DIR as LABEL_RUNTIME_DIR
 from ._docker_options import LABEL_SESSION as LABEL_SESSION
 from ._docker_options import LABEL_VERSION as LABEL_VERSION
-from ._docker_options import LAUNCHERS_IMAGE
 from ._docker_options import RUNTIME_DIR_PREFIX as RUNTIME_DIR_PREFIX
 from ._docker_options import UNPRIVILEGED_USER as UNPRIVILEGED_USER
 from ._docker_options import WORKSPACE as WORKSPACE
@@ -490,13 +490,14 @@ class ContainerHandle:
         environment: Mapping[str, str],
         *,
         stdin: bool = False,
+        workdir: str = WORKSPACE,
     ) -> tuple[str, Any]:
-        """Start ``argv`` in ``container`` (in ``WORKSPACE``, with ``container_env`` plus
+        """Start ``argv`` in ``container`` (in ``workdir``, with ``container_env`` plus
         ``environment``): the exec's id and the socket its multiplexed output arrives on (and,
         with ``stdin``, its raw input goes to)."""
         env = container_env(self.options, environment, self.egress)
         return await self.call(
-            "docker exec", _exec_start, self._api(), container.id, argv, env, stdin
+            "docker exec", _exec_start, self._api(), container.id, argv, env, stdin, "", workdir
         )
 
     async def exec_exit_code(self, exec_id: str) -> int:
@@ -716,6 +717,7 @@ def _exec_start(
     env: Mapping[str, str],
     stdin: bool = False,
     user: str = "",
+    workdir: str = WORKSPACE,
 ) -> tuple[str, Any]:
     created = api.exec_create(
         container_id,
@@ -724,7 +726,7 @@ def _exec_start(
         stderr=True,
         stdin=stdin,
         environment=dict(env),
-        workdir=WORKSPACE,
+        workdir=workdir,
         user=user,
     )
     exec_id = created["Id"]
@@ -802,6 +804,7 @@ def gc(options: DockerOptions | None = None, *, dry_run: bool = False) -> list[s
                 with translate_errors("removing a container"):
                     force_remove(container)
                 _remove_runtime_dir(container.labels.get(LABEL_RUNTIME_DIR))
+                _remove_runtime_dir(container.labels.get(LABEL_BRANCHES_DIR), BRANCHES_DIR_PREFIX)
         return removed
     finally:
         client.close()
@@ -863,13 +866,14 @@ def _remove_service(service: Any) -> None:
         service.remove()
 
 
-def _remove_runtime_dir(label: str | None) -> None:
-    """Remove a runtime dir named by a label, but only one kernelexec could have made.
+def _remove_runtime_dir(label: str | None, prefix: str = RUNTIME_DIR_PREFIX) -> None:
+    """Remove a runtime dir (or a live forks' folder, ``prefix``) named by a label, but only
+    one kernelexec could have made.
 
     Anyone who can create containers can write labels: never delete an arbitrary path for them.
     """
     if not label:
         return
     path = Path(label)
-    if path.name.startswith(RUNTIME_DIR_PREFIX) and path.parent == Path(tempfile.gettempdir()):
+    if path.name.startswith(prefix) and path.parent == Path(tempfile.gettempdir()):
         shutil.rmtree(path, ignore_errors=True)

@@ -38,6 +38,11 @@ LABEL_KIND = "kernelexec.kind"
 #: a host folder the container's owner created for it (removed by ``gc`` too)
 LABEL_RUNTIME_DIR = "kernelexec.runtime_dir"
 RUNTIME_DIR_PREFIX = "kernelexec-run-"
+#: a Docker kernel's host folder for its live forks' work dirs, mounted at ``BRANCHES``
+LABEL_BRANCHES_DIR = "kernelexec.branches_dir"
+BRANCHES_DIR_PREFIX = "kernelexec-branches-"
+#: where a Docker kernel's live forks work (each in a folder of its own below it)
+BRANCHES = "/kx-branches"
 #: OCI runtimes whose containers run on the host's kernel (namespaces and cgroups only)
 HOST_KERNEL_RUNTIMES = frozenset({"runc", "crun", "io.containerd.runc.v2"})
 

@@ -197,6 +197,30 @@ class KernelBackend(ABC):
     async def shutdown(self) -> None:
         """Stop the kernel and release everything ``start`` created. Safe to call twice."""
 
+    # -- forks and live snapshots: what a back end offers (``AsyncKernelExecutor.fork``) ------
+    #: what the kernel runs in (a sandbox, a container) holds its forks: a restore keeps it
+    holds_forks: bool = False
+    #: a fork's back end: where its executor works (None: a fresh temp folder of its own)
+    work_home: Path | None = None
+    #: ``retire()`` keeps what holds the forks up once the kernel is replaced (Docker)
+    retires: bool = False
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """(uid, gid) the files copied into the work dir are given to (a container's or a
+        sandbox's user, on a root host); None: left as the host made them."""
+        return None
+
+    async def retire(self) -> None:  # noqa: B027 - optional hook
+        """The kernel was replaced by a fork of it (a restore): end it, keeping what holds the
+        forks (``retires``). By default nothing: such a kernel is shut down instead."""
+
+    @property
+    def forks_live(self) -> bool:
+        """Whether ``fork()`` may fork the kernel process (for a kind that forks, ``FORKABLE``);
+        False: it goes through a durable snapshot (``fresh_copy``) instead."""
+        return True
+
     def fresh_copy(self) -> KernelBackend | None:
         """A new, unstarted back end like this one (same server, kernelspec, options), for a
         fork made through a durable snapshot when the kernel process cannot be forked (see

@@ -13,6 +13,11 @@ it). Its pages count toward the container's memory limit as the session's own do
 Once a restore (or the first ``checkpoint="block"``) makes a fork the session's kernel, the
 container's first kernel retires (``DockerKernel.retire``): the container stays up for its
 forks, and a block that kills the session's kernel costs only that process.
+
+A live fork (``fork()``) works in a folder of its own, ``/kx-branches/<random>``: the container
+gets that host folder as a mount when it is made (a running container's mounts cannot change),
+and each fork's work dir is a new folder in it (``DockerKernel.branch_home``). The container
+lives as long as the session or any live kernel forked in it (``DockerKernel.attach``).
 """
 
 from __future__ import annotations
@@ -55,11 +60,14 @@ def _prelude(path: str, info: dict[str, Any]) -> str:
 
 
 class DockerForkedKernel(DockerLanguageKernel):
-    """A fork of a Docker kernel, in its container (see the module's text). It ends with the
-    container: closing the session that made the container ends its forks and snapshots. It
-    cannot restart on its own (its state is gone, and a fresh kernel is its session's restart)."""
+    """A fork of a Docker kernel, in its container (see the module's text). The container
+    stays up while it runs, even once the session that made it is closed; a restart of that
+    session (a new container) ends it. It cannot restart on its own (its state is gone)."""
 
     kind = "docker-forked-kernel"
+    # Not /workspace: once the session is closed its host folder is gone, and the engine
+    # refuses an exec whose working folder is a removed mount ("outside of the container").
+    _exec_dir = "/"
     #: where the fork's executor works (None: a fresh host folder of its own)
     work_home: Path | None = None
 
@@ -70,7 +78,8 @@ class DockerForkedKernel(DockerLanguageKernel):
             # status 2, "fork rejected by pids controller"): gVisor's threads count too.
             raise ForkUnsupported(
                 f"a fork or live snapshot under gVisor needs pids_limit={GVISOR_PIDS} or more"
-                f" (it is {options.pids_limit}): every thread of the sandbox counts against it"
+                f" (it is {options.pids_limit}): every thread of the sandbox counts against it;"
+                " fork(via='snapshot') forks into a container of its own instead"
             )
         super().__init__(parent, "python3", slot=parent.next_slot())
         self.origin_kind = "docker-kernel"
@@ -81,6 +90,20 @@ class DockerForkedKernel(DockerLanguageKernel):
         self.container_pid: int | None = None
         self._started_at: str | None = None
         self._gone: str | None = None
+        self._workspace = WORKSPACE  # its working folder in the container (``prepare``)
+
+    @property
+    def workspace(self) -> str:
+        return self._workspace
+
+    @property
+    def forks_live(self) -> bool:
+        return self.parent.forks_live
+
+    def branch(self) -> None:
+        """Make it a live fork: its work dir a new folder under ``/kx-branches`` (a snapshot's
+        copy stays in a host folder the container does not see)."""
+        self.work_home = self.parent.branch_home()
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -91,9 +114,7 @@ class DockerForkedKernel(DockerLanguageKernel):
         return True
 
     def fresh_copy(self) -> DockerKernel:
-        """A ``fork()`` of a session restored in the container goes, as the session's first
-        kernel's did, through a durable snapshot into a new container (with its own
-        /workspace): a process fork here would work in the session's /workspace."""
+        """A ``fork(via="snapshot")``: a new container from the session's options."""
         return self.parent.fresh_copy()
 
     def fork_backend(self) -> DockerForkedKernel:
@@ -102,16 +123,18 @@ class DockerForkedKernel(DockerLanguageKernel):
 
     def prepare(self, *, work_dir: Path, cwd: str | None = None) -> dict[str, Any]:
         """The request the kernel forks into: its connection file (written by the prelude, in
-        the container), log, working folder (the session's ``/workspace``: a snapshot's
-        process never runs code, a restored one is the session's)."""
+        the container), log, working folder (``work_dir`` as the container sees it: a live
+        fork's ``/kx-branches/<name>``, else ``/workspace``: a snapshot's process never runs
+        code, a restored one is its session's)."""
         name = uuid.uuid4().hex
         self._info = info = {**_connection_info(network=True), "kernel_name": "python3"}
         ports = dict(zip(_CHANNELS, self._ports, strict=True))
         inside = {**info, "ip": "127.0.0.1", **ports}
         path = f"/tmp/kx-fork-{name}.json"
+        self._workspace = cwd or self.parent.container_path(work_dir)
         request = {
             "connection_file": path,
-            "cwd": cwd or WORKSPACE,
+            "cwd": self._workspace,
             "log": f"/tmp/kx-fork-{name}.log",
             "ports": ports,
             "cgroup": None,  # no cgroups to make in a container: the process group holds it
@@ -123,8 +146,10 @@ class DockerForkedKernel(DockerLanguageKernel):
 
     def adopted(self, pid: int) -> None:
         """``pid``: the fork's pid in the container, as the kernel answered (so checked at
-        ``start``: only a process the container's reaper sees is ever signalled)."""
+        ``start``: only a process the container's reaper sees is ever signalled). The
+        container now stays up until it ends."""
         self.container_pid = pid
+        self.parent.attach(self)
 
     def release_request(self) -> None:
         self._adopt = None
@@ -212,7 +237,10 @@ class DockerForkedKernel(DockerLanguageKernel):
                     await self.parent.ask(f"kill {pid}", 5.0)
         finally:
             self._started_at = None
-            await self._stop()
+            try:
+                await self._stop()
+            finally:
+                await self.parent.detach(self)  # the last one out removes the container
 
 
 def _deadline(timeout: float) -> float:

@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -38,7 +39,7 @@ import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from .._door import Door
-from .._errors import DockerConfigError, KernelStartFailed, UnsafePath
+from .._errors import DockerConfigError, ForkUnsupported, KernelStartFailed, UnsafePath
 from .._types import NetworkEvent
 from .._workdir import INTERNAL_DIR
 from ._docker import (
@@ -53,7 +54,12 @@ from ._docker import (
     prepare_inside,
 )
 from ._docker_langs import LAUNCHER_SCRIPT, LauncherWatch
-from ._docker_options import LANGUAGES_IMAGE
+from ._docker_options import (
+    BRANCHES,
+    BRANCHES_DIR_PREFIX,
+    LABEL_BRANCHES_DIR,
+    LANGUAGES_IMAGE,
+)
 from ._docker_relay import RELAY_SCRIPT, Relay
 from ._iopub import receive_batch, receive_one
 from ._owner import ALIAS_PREFIX, OWNER_FILE, TEMP_PREFIXES, mark_folder
@@ -283,6 +289,14 @@ class DockerKernel(KernelBackend):
         self._death: str | None = None
         self._relay: Relay | None = None
         self._slots = 0  # language kernels made so far: each gets its own container ports
+        #: the host folder mounted at ``BRANCHES`` (live forks' work dirs); None with bind_dir
+        self._branches: Path | None = None
+        self._reaper: Path | None = None  # the container's reaper, as long as the container
+        # Live kernels forked in the container (``docker_fork``): it lives until the last of
+        # them and the session are closed, whichever closes last (forks close on other loops).
+        self._forks: set[object] = set()
+        self._forks_lock = threading.Lock()
+        self._closing = False
 
     @property
     def options(self) -> DockerOptions:
@@ -345,6 +359,8 @@ class DockerKernel(KernelBackend):
             await asyncio.to_thread(_ask_reaper, client.reaper, "reap", 10.0)
 
     async def restart(self, *, timeout: float) -> None:
+        with self._forks_lock:
+            self._forks.clear()  # they end with the container a restart replaces
         await self._stop_kernel()
         await self._launch(timeout)
 
@@ -415,6 +431,7 @@ class DockerKernel(KernelBackend):
     # -- kernels forked in the container (``docker_fork``) ------------------------------------
     #: a restore keeps it (``_kernel``): its container holds the kernels forked in it
     holds_forks = True
+    retires = True
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -424,10 +441,54 @@ class DockerKernel(KernelBackend):
 
     def reaper(self) -> Path:
         """The host's path to the container's reaper (also the forked kernels' signaller)."""
-        client = self._client
-        if client is None or client.reaper is None:
+        if self._reaper is None:
             raise KernelStartFailed("the Docker kernel is not running: nothing to fork")
-        return client.reaper
+        return self._reaper
+
+    @property
+    def forks_live(self) -> bool:
+        """Whether ``fork()`` forks the kernel process in its container: not with ``bind_dir``
+        (no ``BRANCHES`` folder to work in; such a fork goes through a durable snapshot)."""
+        return self.options.bind_dir is None
+
+    def branch_home(self) -> Path:
+        """A new folder for a live fork's work dir, in the host folder mounted at ``BRANCHES``:
+        a random name (0700, given to the container user) in a folder root owns and the
+        container user can only traverse, so the code can neither list, guess, make nor
+        replace one; it owns what is inside its own."""
+        if self._branches is None:
+            raise ForkUnsupported(
+                f"a live fork needs the {BRANCHES} folder, which a Docker kernel with bind_dir"
+                " (or not started) does not have"
+            )
+        home = Path(tempfile.mkdtemp(prefix="fork-", dir=self._branches))
+        prepare_host_dir(home, self.options)
+        return home
+
+    def container_path(self, work_dir: Path) -> str:
+        """Where the container sees ``work_dir``: a live fork's folder, else ``WORKSPACE``."""
+        if self._branches is not None and work_dir.parent == self._branches:
+            return f"{BRANCHES}/{work_dir.name}"
+        return WORKSPACE
+
+    def attach(self, fork: object) -> None:
+        """A kernel forked in the container (its process running): the container stays up
+        until it is detached, even once the session is closed."""
+        with self._forks_lock:
+            if self._docker.container is None:
+                raise KernelStartFailed("the session's container was removed: nothing to fork")
+            self._forks.add(fork)
+
+    async def detach(self, fork: object) -> None:
+        """A forked kernel ended; the last one to end after the session closed removes the
+        container (and its folders). Twice is fine."""
+        with self._forks_lock:
+            self._forks.discard(fork)
+            last = self._closing and not self._forks
+            if last:
+                self._closing = False
+        if last:
+            await self._remove()
 
     def next_slot(self) -> int:
         """A fresh range of container ports (another language's kernel, a forked kernel)."""
@@ -465,7 +526,23 @@ class DockerKernel(KernelBackend):
 
     async def shutdown(self) -> None:
         """Stop the kernel and remove its container, or keep it as ``auto_remove`` /
-        ``stop_container`` say (then ``kept`` says where it is, and its runtime folder stays)."""
+        ``stop_container`` say (then ``kept`` says where it is, and its runtime folder stays).
+        With live forks still running in it, the kernel retires and the container stays up for
+        them: the last fork to close removes it (``detach``)."""
+        with self._forks_lock:
+            self._closing = bool(self._forks) and self._docker.container is not None
+            linger = self._closing
+        if not linger:
+            await self._remove()
+            return
+        with contextlib.suppress(Exception):  # dead already: the forks' blocks will say so
+            await self.retire()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                client.stop_channels()
+
+    async def _remove(self) -> None:
         try:
             await self._stop_kernel(final=True)
         finally:
@@ -481,6 +558,7 @@ class DockerKernel(KernelBackend):
         self._death = None
         deadline = asyncio.get_running_loop().time() + timeout
         self._runtime = self._make_runtime_dir()
+        self._branches = self._make_branches_dir()
         info = _connection_info(network=self.options.full_network and not self.relayed)
         door, inside = self._runtime_door(self._runtime)
         if door is not None:
@@ -500,7 +578,7 @@ class DockerKernel(KernelBackend):
             host_info = await self._host_view(info)
             self._host_info = host_info
             self._client = _BlockClient()
-            self._client.reaper = self._sockets() / REAPER_SOCKET
+            self._client.reaper = self._reaper = self._sockets() / REAPER_SOCKET
             self._client.load_connection_info(host_info)  # type: ignore[arg-type]
             try:
                 start_channels(self._client)  # bounded receive queue: see _ready
@@ -528,6 +606,15 @@ class DockerKernel(KernelBackend):
             # made through the door: the code may have planted a link at .kernelexec
             return self._docker.work_dir / door.mkdtemp(INTERNAL_DIR, RUNTIME_DIR_PREFIX)
         return Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
+
+    def _make_branches_dir(self) -> Path | None:
+        """The folder mounted at ``BRANCHES`` (see ``branch_home``); None with ``bind_dir``: the
+        engine would not find a folder of this host's temp folder."""
+        if not self.forks_live:
+            return None
+        path = Path(tempfile.mkdtemp(prefix=BRANCHES_DIR_PREFIX))
+        os.chmod(path, 0o711)  # the container user traverses it, lists and writes nothing
+        return path
 
     def _runtime_door(self, runtime: Path) -> tuple[Door | None, str]:
         """The work dir's door and ``runtime``'s path in it, when it lies there (bind_dir)."""
@@ -604,12 +691,16 @@ class DockerKernel(KernelBackend):
         elif self.options.full_network:
             ports = {f"{p}/tcp": ("127.0.0.1", None) for p in _CONTAINER_PORTS.values()}
             run_kwargs["ports"] = ports
+        mounts, labels = {self._runtime: RUNTIME}, {LABEL_RUNTIME_DIR: str(self._runtime)}
+        if self._branches is not None:
+            mounts[self._branches] = BRANCHES
+            labels[LABEL_BRANCHES_DIR] = str(self._branches)
         return ContainerSpec(
             command=command,
             init=True,
-            mounts={self._runtime: RUNTIME},
+            mounts=mounts,
             environment=self._env,
-            labels={LABEL_RUNTIME_DIR: str(self._runtime)},
+            labels=labels,
             run_kwargs=run_kwargs,
             what="creating the kernel container",
         )
@@ -645,6 +736,8 @@ class DockerKernel(KernelBackend):
         ``final``, the options may keep it) and so does its runtime folder, unless kept."""
         client, self._client = self._client, None
         runtime, self._runtime = self._runtime, None
+        branches, self._branches = self._branches, None
+        self._reaper = None
         alias, self._alias = self._alias, None
         relay, self._relay = self._relay, None
         kept = False
@@ -682,6 +775,8 @@ class DockerKernel(KernelBackend):
         finally:
             if runtime is not None and not kept:
                 shutil.rmtree(runtime, ignore_errors=True)
+            if branches is not None and not kept:
+                shutil.rmtree(branches, ignore_errors=True)
             if alias is not None:
                 drop_alias(alias, kept=kept)
 
@@ -873,6 +968,8 @@ class DockerLanguageKernel(KernelBackend):
 
     kind = "docker-kernel"
     inherits_host_env = False
+    #: where its relay's ``docker exec`` starts
+    _exec_dir = WORKSPACE
 
     def __init__(self, parent: DockerKernel, kernel_name: str, *, slot: int) -> None:
         self.parent, self.kernel_name = parent, kernel_name
@@ -931,7 +1028,9 @@ class DockerLanguageKernel(KernelBackend):
         self, info: dict[str, Any], docker: Any, container: Any, frames: Any
     ) -> None:
         argv = ["python3", "-I", "-S", "-c", RELAY_SCRIPT]
-        _, stream = await docker.exec_stream(container, argv, {}, stdin=True)
+        _, stream = await docker.exec_stream(
+            container, argv, {}, stdin=True, workdir=self._exec_dir
+        )
         self._sockets = sockets = Path(tempfile.mkdtemp(prefix=TEMP_PREFIXES[0]))
         mark_folder(sockets)  # `kernelexec gc` removes it once this process is gone
         endpoints = {sockets / f"kernel-{i}": port for i, port in enumerate(self._ports, 1)}
@@ -942,7 +1041,7 @@ class DockerLanguageKernel(KernelBackend):
                 stream.close()
             raise
         self._client = client = _BlockClient()
-        client.reaper = self.parent._client.reaper if self.parent._client else None
+        client.reaper = self.parent._reaper
         host: dict[str, Any] = {**info, "transport": "ipc", "ip": str(sockets / "kernel")}
         client.load_connection_info(host)  # type: ignore[arg-type]
         try:

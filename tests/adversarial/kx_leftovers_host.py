@@ -30,6 +30,8 @@ def main(status: str, work: str, *names: str) -> None:
         info[name] = {
             "folder": getattr(backend, "_ipc_dir", None) or getattr(backend, "_dir", None),
             "session": getattr(backend, "session", None),
+            # a Docker kernel's host folder for its live forks (mounted at /kx-branches)
+            "branches": str(getattr(backend, "_branches", None) or ""),
         }
         keep.append(ex)
     Path(status).write_text(json.dumps(info))

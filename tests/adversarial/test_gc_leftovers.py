@@ -181,6 +181,8 @@ def test_gc_removes_the_container_of_a_killed_host_and_keeps_a_live_owners(
         info = _killed_host(tmp, "docker-kernel")
         label = f"kernelexec.session={info['docker-kernel']['session']}"
         (left,) = client.containers.list(all=True, ignore_removed=True, filters={"label": label})
+        branches = Path(info["docker-kernel"]["branches"])
+        assert branches.name.startswith("kernelexec-branches-") and branches.is_dir()
 
         would = _line(_gc(tmp, "--dry-run"), "container(s)")
         assert left.short_id in would and live.short_id not in would
@@ -191,6 +193,7 @@ def test_gc_removes_the_container_of_a_killed_host_and_keeps_a_live_owners(
         done = _line(_gc(tmp), "container(s)")
         assert left.short_id in done and live.short_id not in done
         assert client.containers.list(all=True, ignore_removed=True, filters={"label": label}) == []
+        assert not branches.exists()  # its live forks' folder went with it
         live.reload()  # still there
     finally:
         live.remove(force=True)

@@ -96,7 +96,7 @@ def test_a_docker_kernel_forks_through_a_snapshot(
     gvisor: KernelExecutor, docker_client: docker.DockerClient
 ) -> None:
     gvisor.execute("import threading\nguard = threading.Lock()\nforked = 'yes'")
-    child = gvisor.fork()
+    child = gvisor.fork(via="snapshot")  # a container of its own (a live fork: the same one)
     try:
         assert child.forked_via == "snapshot"
         assert child.restored is not None and "lock" in child.restored.not_restorable["guard"]

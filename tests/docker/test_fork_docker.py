@@ -96,7 +96,7 @@ def test_restore_brings_the_snapshot_back_and_follows_no_planted_link(
         assert ex.execute("print(x)").output.strip() == "1"
         ex.restore(snap)  # as often as asked
         assert ex.execute("print(x)").output.strip() == "1"
-        child = ex.fork()  # a restored session forks as before: a container of its own
+        child = ex.fork(via="snapshot")  # the route kept for a container of its own
         try:
             assert child.forked_via == "snapshot"
             # a.txt came in through the durable snapshot: the container user owns it again
@@ -175,14 +175,18 @@ def test_a_block_that_kills_its_kernel_costs_only_itself(
     assert containers_of(docker_client, backend.session) == []
 
 
-def test_gvisor_with_a_low_pids_limit_refuses_a_snapshot(
+def test_gvisor_with_a_low_pids_limit_refuses_a_snapshot_and_a_fork(
     docker_client: docker.DockerClient,
 ) -> None:
     """Under gVisor the sandbox's own threads count against pids_limit: a fork under 256 was
     seen to end the whole container; it is refused instead, the session untouched."""
     require_runtime(docker_client, "runsc")
-    with KernelExecutor(DockerKernel(runtime="runsc"), timeout=60) as ex:
+    backend = DockerKernel(runtime="runsc")
+    with KernelExecutor(backend, timeout=60) as ex:
         ex.execute("y = 5")
         with pytest.raises(ForkUnsupported, match="pids_limit"):
             ex.snapshot()
+        with pytest.raises(ForkUnsupported, match="pids_limit"):
+            ex.fork()  # a live fork too, before any folder is made for it
+        assert backend._branches is not None and list(backend._branches.iterdir()) == []
         assert ex.execute("print(y)").output.strip() == "5"

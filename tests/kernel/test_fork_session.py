@@ -273,11 +273,20 @@ def test_back_ends_that_cannot_fork_say_so(tmp_path: Path) -> None:
     goes through a durable snapshot; the Docker kernel's live snapshots:
     tests/docker/test_fork_docker.py)."""
     executor = KernelExecutor(GatewayKernel("http://127.0.0.1:9"), work_dir=tmp_path)
+    local = KernelExecutor(work_dir=tmp_path / "local")
     try:
         with pytest.raises(ForkUnsupported):
             executor.snapshot()
+        with pytest.raises(ForkUnsupported, match="process"):
+            executor.fork(via="process")  # a gateway's kernel is not a process of ours
+        with pytest.raises(ForkUnsupported, match="snapshot"):
+            local.fork(via="snapshot")  # no fresh kernel of its kind to load one into
+        with pytest.raises(ValueError, match="via"):
+            local.fork(via="container")
+        assert not local.aio._started  # each refused before any kernel started
     finally:
         executor.close()
+        local.close()
 
 
 def test_a_fork_restarts_into_a_fresh_kernel(ex: KernelExecutor) -> None:
