@@ -857,8 +857,15 @@ class AsyncKernelExecutor(AsyncExecutor):
                 raise ForkUnsupported(f"a {backend.kind} back end cannot fork through a snapshot")
         if via == "process" and backend.kind in FORKABLE and not live:
             raise ForkUnsupported(f"this {backend.kind} back end cannot fork its kernel process")
-        async with self._branching("fork()"):
-            return await self._forks(count, lineage=self._lineage, live=True)
+        try:
+            async with self._branching("fork()"):
+                return await self._forks(count, lineage=self._lineage, live=True)
+        except ForkUnsupported:
+            # Refused before anything was forked (gVisor under a low pids_limit): where a
+            # snapshot route exists, a plain fork() takes it (forked_via says so).
+            if via is not None or backend.fresh_copy() is None:
+                raise
+        return await self._forks_via_snapshot(count)
 
     async def snapshot(
         self,

@@ -179,7 +179,8 @@ def test_gvisor_with_a_low_pids_limit_refuses_a_snapshot_and_a_fork(
     docker_client: docker.DockerClient,
 ) -> None:
     """Under gVisor the sandbox's own threads count against pids_limit: a fork under 256 was
-    seen to end the whole container; it is refused instead, the session untouched."""
+    seen to end the whole container; it is refused instead, the session untouched, and a plain
+    fork() goes through a snapshot into a container of its own."""
     require_runtime(docker_client, "runsc")
     backend = DockerKernel(runtime="runsc")
     with KernelExecutor(backend, timeout=60) as ex:
@@ -187,6 +188,13 @@ def test_gvisor_with_a_low_pids_limit_refuses_a_snapshot_and_a_fork(
         with pytest.raises(ForkUnsupported, match="pids_limit"):
             ex.snapshot()
         with pytest.raises(ForkUnsupported, match="pids_limit"):
-            ex.fork()  # a live fork too, before any folder is made for it
+            ex.fork(via="process")  # a live fork too, before any folder is made for it
         assert backend._branches is not None and list(backend._branches.iterdir()) == []
         assert ex.execute("print(y)").output.strip() == "5"
+        child = ex.fork()  # a plain fork() takes the snapshot route instead, and says so
+        try:
+            assert child.forked_via == "snapshot"
+            assert child.execute("print(y)").output.strip() == "5"
+        finally:
+            child.close()
+        assert list(backend._branches.iterdir()) == []
