@@ -37,6 +37,7 @@ def main(backend: str, work: str, notebook: str, status: str, mode: str = "") ->
         fork = ex.fork()
         assert fork.execute(spawn_code("child", token)).ok
         info["branches"] = {
+            "forked_via": fork.forked_via,
             "fork_pid": getattr(fork.aio.backend, "pid", None),
             "fork_session": getattr(fork.aio.backend, "session", None),
             "fork_work_dir": str(fork.work_dir),

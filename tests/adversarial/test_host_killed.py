@@ -107,10 +107,13 @@ def test_host_killed_with_a_fork_and_a_snapshot(backend: str, tmp_path: Path, to
     ``kernelexec gc`` ran, none of them is left (forks and snapshots are the host's too)."""
     info, env = _run_and_kill(backend, tmp_path, token, "branch", started=2)
     branches = info["branches"]
+    assert branches["forked_via"] == "process"
     _gc(env)
     assert wait_gone(token) == []
     if backend in DOCKER:
         assert _containers_of(info["session"], branches["fork_session"]) == []
+        # a live fork's folder is in the container's /kx-branches folder, removed with it
+        assert not Path(branches["fork_work_dir"]).exists()
     else:
         for pid in (info["kernel_pid"], branches["fork_pid"], branches["snapshot_pid"]):
             assert pid is not None and _gone_within(pid), pid
