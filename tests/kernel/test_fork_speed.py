@@ -2,17 +2,23 @@
 
 The kernel forks once (not twice, which cost a second copy of its page tables and the middle
 process's exit on every fork) and reaps the child itself; the fork code is loaded, and the
-set-up code compiled, once per kernel: its forks inherit both."""
+set-up code compiled, once per kernel: its forks inherit both. The host moves the fork into its
+cgroup once the kernel answered (a move waits out an RCU grace period, 15 to 25 ms, which the
+child's rebuild overlaps), before it connects: the fork's first block runs inside it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
-from kx_fork import gone_within, kernel_pid
+from kx_fork import cgroup_of, gone_within, kernel_pid
 
 from kernelexec import KernelExecutor
+from kernelexec.backends import _containment
+from kernelexec.backends.forked_kernel import ForkedKernel
 
 pytestmark = pytest.mark.kernel
 
@@ -66,3 +72,43 @@ def test_the_kernel_reaps_its_fork_once_closed(ex: KernelExecutor) -> None:
     else:
         raise AssertionError(f"fork {pid} was never reaped (a zombie of the kernel)")
     assert ex.execute("print(x)").output.strip() == "41"
+
+
+def test_the_host_moves_the_fork_into_its_cgroup_before_its_first_block(
+    ex: KernelExecutor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The kernel is not asked to wait for the move (the request names no cgroup); yet when
+    the fork's first block runs, the fork and every thread of it are in its own cgroup (the
+    one its back end made), and so is a process the block starts."""
+    if not _containment.mechanism().startswith("cgroup"):
+        pytest.skip("no cgroup here: a forked kernel is contained by its process group only")
+    requests: list[dict[str, Any]] = []
+    prepare = ForkedKernel.prepare
+
+    def recorded(self: ForkedKernel, **kwargs: Any) -> dict[str, Any]:
+        requests.append(request := prepare(self, **kwargs))
+        return request
+
+    monkeypatch.setattr(ForkedKernel, "prepare", recorded)
+    parent = kernel_pid(ex)
+    child = ex.fork()
+    try:
+        seen = tmp_path / "seen"
+        block = (
+            "import os, subprocess\n"
+            f"subprocess.run(['sh', '-c', 'cat /proc/$$/cgroup > {seen}'], check=True)\n"
+            "tasks = {t: open(f'/proc/self/task/{t}/cgroup').read()"
+            " for t in os.listdir('/proc/self/task')}\n"
+            "print(os.getpid(), len(set(tasks.values())), len(tasks))"
+        )
+        result = child.execute(block)
+        assert result.exit_code == 0, result.output
+        pid, kinds, threads = (int(v) for v in result.output.split())
+        assert [r["cgroup"] for r in requests] == [None]  # the kernel did not wait for it
+        jail = child.aio.backend._jail
+        assert jail is not None and jail.procs_file is not None
+        assert str(pid) in jail.procs_file.read_text().split()  # the fork's own cgroup
+        assert kinds == 1 and threads > 1  # every thread of it, in that one cgroup
+        assert seen.read_text() == cgroup_of(pid) != cgroup_of(parent)
+    finally:
+        child.close()
