@@ -1,6 +1,7 @@
 """Forking a live session and restoring a live snapshot, beside a cold start and a re-run.
 
     python benchmarks/fork_session.py [-n 5] [--mib 1024] [--executor KIND ...] [--json]
+        [--out FILE]
 
 A session (``--executor``: ``fork-kernel``, the default, or ``sandboxed-kernel``; repeat it for a
 row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
@@ -34,7 +35,10 @@ With ``--docker RUNTIME`` (``runc`` or ``runsc``, repeatable), a Docker kernel s
 a block, ``fork()`` (through a durable snapshot into a new container) to the child's first
 block, beside a cold start (a new container) + re-run.
 
-Verdicts are printed lines, not assertions; the machine's load is printed with them.
+Verdicts are printed lines, not assertions; the machine's load is printed with them. ``--out``
+writes the rows as a results file (the machine, the load at start and end, the options): the
+published ones are in ``benchmarks/results/fork-session/`` (a folder of their own: the files
+directly in ``benchmarks/results/`` are ``kernelexec bench``'s, read by ``doc_tables.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from tempfile import TemporaryDirectory
 from typing import Any
 
@@ -55,6 +60,7 @@ import zmq
 
 from kernelexec import KernelExecutor, make_executor, stop_fork_servers
 from kernelexec.bench.memory import uss_bytes
+from kernelexec.bench.runner import machine_info
 
 FORK_TARGET_S = 0.050
 READ = "print(float(big[:4].sum()))"
@@ -504,20 +510,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--docker-mib", type=int, default=64, help="its array (default 64)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--out", help="also write the rows to this results file (JSON)")
     parser.add_argument("--gateway", help="a gateway's URL: add the fork-via-snapshot row")
     parser.add_argument("--gateway-mib", type=int, default=64, help="its array (default 64)")
     args = parser.parse_args(argv)
     kinds = args.executor or ([] if args.docker else ["fork-kernel"])
+    started, machine = datetime.now(timezone.utc), machine_info()
     reports = [measure(args.n, args.mib, kind) for kind in kinds]
     reports += [docker_measure(rt, args.n, args.docker_mib) for rt in args.docker or []]
     if args.gateway:
         reports[0].update(gateway_measure(args.gateway, args.n, args.gateway_mib))
+    if args.out:
+        _write_results(args.out, vars(args), started, machine, reports)
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:
         for report in reports:
             _print(report)
     return 0
+
+
+def _write_results(
+    path: str,
+    options: dict[str, Any],
+    started: datetime,
+    machine: dict[str, Any],
+    rows: list[dict[str, Any]],
+) -> None:
+    """The run as a results file, in the shape ``kernelexec bench`` writes its own."""
+    results = {
+        "schema": 1,
+        "benchmark": "fork_session",
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "config": {k: v for k, v in options.items() if k not in ("json", "out")},
+        "rows": rows,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
 
 
 def _print(r: dict[str, Any]) -> None:
