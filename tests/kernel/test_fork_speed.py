@@ -112,3 +112,58 @@ def test_the_host_moves_the_fork_into_its_cgroup_before_its_first_block(
         assert seen.read_text() == cgroup_of(pid) != cgroup_of(parent)
     finally:
         child.close()
+
+
+def test_the_fork_does_not_wait_for_the_kernels_output_thread(ex: KernelExecutor) -> None:
+    """The kernel empties its streams before it forks without waiting for its iopub thread
+    (a round trip to it: 10 ms and more on a loaded machine): with that thread held up for
+    4 s, the fork is taken at once, and the session's output is whole once the thread is free."""
+    held = ex.execute(
+        "import threading, time\n"
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "_t = IPKernelApp.instance().iopub_thread\n"
+        "threading.Timer(0.5, lambda t=_t: t.schedule(lambda: time.sleep(4))).start()\n"
+        "del _t\n"
+        "print('held')"
+    )
+    returned = time.monotonic()
+    assert held.output == "held\n", held.output
+    time.sleep(1.0)  # the iopub thread is asleep now, for 3.5 s more (from 0.5 s after the block)
+    started = time.monotonic()
+    assert started - returned < 1.5  # (the block itself did not wait for the hold)
+    child = ex.fork()
+    try:
+        took = time.monotonic() - started
+        assert child.execute("print(x)").output == "41\n"
+    finally:
+        child.close()
+    assert took < 2.5, f"the fork waited {took:.1f} s for the kernel's iopub thread"
+    assert ex.execute("print(x, 'after')").output == "41 after\n"
+
+
+def test_text_the_session_writes_as_it_forks_stays_the_sessions(ex: KernelExecutor) -> None:
+    """A thread of the session writing while it forks: none of its text reaches a fork's
+    blocks (the fork's streams are its own; what the session held is queued for its own
+    iopub thread), and the session's next block is its own."""
+    ticking = ex.execute(
+        "import sys, threading, time\n"
+        "_stop = threading.Event()\n"
+        "def _tick():\n"
+        "    while not _stop.is_set():\n"
+        "        sys.stdout.write('tick')\n"
+        "        time.sleep(0.001)\n"
+        "_ticker = threading.Thread(target=_tick, daemon=True)\n"
+        "_ticker.start()"
+    )
+    assert ticking.exit_code == 0, ticking.output
+    forks = []
+    try:
+        for _ in range(3):
+            forks.append(ex.fork())
+            assert forks[-1].execute("print('mine', x)").output == "mine 41\n"
+    finally:
+        for child in forks:
+            child.close()
+        stopped = ex.execute("_stop.set(); _ticker.join(); del _stop, _ticker, _tick")
+    assert stopped.exit_code == 0, stopped.output
+    assert ex.execute("print('after')").output == "after\n"
