@@ -9,7 +9,8 @@ undisturbed: no name added, no history, no output. The child, copy-on-write, kee
 whole Python state (every
 variable, import, figure) and builds what is the kernel's own process around it again:
 
-- its cgroup (the host made it) joined first, then a session of its own;
+- its cgroup joined first where the request names one (a session's fork names none: the host
+  moves it once the kernel answered, while it builds the rest), then a session of its own;
 - fresh sockets from the host's new connection file, with a key of their own, fresh threads
   (iopub, control, heartbeat) and a fresh event loop: the parent's are never touched (a socket,
   pipe or event descriptor it shares with the parent is closed here, never used: an epoll set

@@ -212,7 +212,7 @@ class SandboxForkedKernel(ForkedKernel):
         )
 
 
-def _join(jail: Any, pid: int) -> None:
+def _join(jail: _containment.Jail | None, pid: int) -> None:
     """Move the forked ``pid`` (a process of the host's pid namespace) into ``jail``'s cgroup,
     if it has one; a fork gone by then is a fork that did not start."""
     procs = None if jail is None else jail.procs_file
