@@ -1,6 +1,7 @@
 """Forking a live session and restoring a live snapshot, beside a cold start and a re-run.
 
     python benchmarks/fork_session.py [-n 5] [--mib 1024] [--executor KIND ...] [--json]
+        [--out FILE]
 
 A session (``--executor``: ``fork-kernel``, the default, or ``sandboxed-kernel``; repeat it for a
 row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
@@ -14,7 +15,14 @@ row each) holds a numpy array of ``--mib`` MiB. Measured, round by round:
 * the floor, in the same run: a bare Python process holding the same array, asked over ZMQ to
   ``os.fork()``, whose child makes a fresh ZMQ context and answers one request from here (the
   least a fork to a first answer costs on this machine, without a kernel); printed with the
-  target, the load average and the ratio of the fork to it. The fork is split into ``fork()``
+  target, the load average and the ratio of the fork to it.
+* the ipykernel floor, in the same run: an ipykernel kernel (an ``IPKernelApp`` started from a
+  connection file) holding the same array in its shell, forked on an execute request, whose
+  child does what ipykernel needs to answer on fresh sockets and nothing of kernelexec's (a new
+  zmq context, session key, sockets, iopub and control threads, IO streams and kernel object
+  around the same shell); from the request to fork to the child's answers to a
+  ``kernel_info_request`` and a block reading the array. What any library forking an ipykernel
+  pays: the fork's ratio to it is the part that is kernelexec's. The fork is split into ``fork()``
   (the kernel forked, the child's kernel built and answering) and its first block.
 
 With ``--gateway URL`` (token from ``$KERNELEXEC_GATEWAY_TOKEN``), a gateway session holding
@@ -27,18 +35,24 @@ With ``--docker RUNTIME`` (``runc`` or ``runsc``, repeatable), a Docker kernel s
 a block, ``fork()`` (through a durable snapshot into a new container) to the child's first
 block, beside a cold start (a new container) + re-run.
 
-Verdicts are printed lines, not assertions; the machine's load is printed with them.
+Verdicts are printed lines, not assertions; the machine's load is printed with them. ``--out``
+writes the rows as a results file (the machine, the load at start and end, the options): the
+published ones are in ``benchmarks/results/fork-session/`` (a folder of their own: the files
+directly in ``benchmarks/results/`` are ``kernelexec bench``'s, read by ``doc_tables.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from tempfile import TemporaryDirectory
 from typing import Any
 
@@ -46,6 +60,7 @@ import zmq
 
 from kernelexec import KernelExecutor, make_executor, stop_fork_servers
 from kernelexec.bench.memory import uss_bytes
+from kernelexec.bench.runner import machine_info
 
 FORK_TARGET_S = 0.050
 READ = "print(float(big[:4].sum()))"
@@ -149,6 +164,212 @@ def floor_rounds(mib: int, rounds: int) -> list[float]:
             floor.close()
 
 
+# The library's floor: the same array in the shell of an ipykernel kernel started the way a
+# kernel is (an IPKernelApp from a connection file), forked on an execute request; the child
+# does what ipykernel itself needs to answer on fresh sockets, and nothing of kernelexec's: a
+# fresh event loop, a new zmq context and session key, ipykernel's own sockets, iopub and
+# control threads, IO streams and kernel object around the same shell (no heartbeat, no
+# cgroup, no new session, no descriptors closed, no log, no set-up code). The parent's sockets
+# and threads are left alone (kept, never used). What any library forking an ipykernel pays.
+_IPYKERNEL_FLOOR = """
+import asyncio, os, sys, threading
+import numpy as np
+from ipykernel.kernelapp import IPKernelApp
+from jupyter_client.session import Session
+
+_kept = []
+
+def fork_floor(connection_file):
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid:
+        threading.Thread(target=os.waitpid, args=(pid, 0), daemon=True).start()
+        return pid
+    try:
+        app = IPKernelApp.instance()
+        _kept.extend([app.kernel, app.context, app.heartbeat, app.iopub_thread, app.session,
+                      app.control_thread, app.shell_channel_thread, app.shell_socket,
+                      app.stdin_socket, sys.stdout, sys.stderr, sys.displayhook,
+                      asyncio.events._get_running_loop()])
+        for stream in (sys.stdout, sys.stderr):
+            stream._should_watch = False
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        asyncio.events._set_running_loop(None)
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        app.context = app.heartbeat = app.iopub_thread = None
+        app.control_thread = app.shell_channel_thread = None
+        app.connection_file = connection_file
+        app.session = Session(parent=app)
+        app.init_connection_file()
+        app.init_sockets()
+        app.init_io()
+        shell = app.shell
+        type(app.kernel).clear_instance()
+        app.init_kernel()
+        shell.parent = shell.kernel = app.kernel
+        app.shell = shell
+        app.start()
+    finally:
+        os._exit(0)
+
+app = IPKernelApp.instance()
+# History in memory: a child writing the parent's sqlite file through a shared connection
+# would garble it (and print a warning into the first block's output)
+app.initialize(["-f", sys.argv[2], "--HistoryManager.hist_file=:memory:"])
+app.shell.user_ns["big"] = np.ones(int(sys.argv[1]) * 2**20 // 8)
+app.shell.user_ns["_fork_floor"] = fork_floor
+app.start()
+"""
+
+
+class _Channels:
+    """One kernel's shell and iopub, on plain zmq sockets signed with its key."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], info: dict[str, Any]) -> None:
+        from jupyter_client.session import Session
+
+        self.session = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"])
+        base = f"ipc://{info['ip']}"
+        self.shell = ctx.socket(zmq.DEALER)
+        self.shell.connect(f"{base}-{info['shell_port']}")
+        self.iopub = ctx.socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.connect(f"{base}-{info['iopub_port']}")
+        self.poller = zmq.Poller()
+        self.poller.register(self.shell, zmq.POLLIN)
+        self.poller.register(self.iopub, zmq.POLLIN)
+
+    def ask(
+        self, msg_type: str, content: dict[str, Any], until: float
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Send a shell request; its reply and its iopub messages, up to its idle status (an
+        empty reply if ``until`` (a perf_counter time) passes first)."""
+        sent = self.session.send(self.shell, msg_type, content)
+        assert sent is not None
+        msg_id = sent["header"]["msg_id"]
+        reply: dict[str, Any] = {}
+        published: list[dict[str, Any]] = []
+        idle = False
+        while not (reply and idle):
+            left = until - time.perf_counter()
+            if left <= 0:
+                return {}, published
+            for sock, _ in self.poller.poll(int(left * 1000) + 1):
+                _, frames = self.session.feed_identities(sock.recv_multipart())
+                msg = self.session.deserialize(frames)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if sock is self.shell:
+                    reply = msg
+                elif msg["msg_type"] == "status":
+                    idle = idle or msg["content"]["execution_state"] == "idle"
+                else:
+                    published.append(msg)
+        return reply, published
+
+    def welcomed(self, until: float) -> None:
+        """Wait for ipykernel's welcome on IOPub (the subscription is live: no status of the
+        first request is missed), at most until ``until``."""
+        while (left := until - time.perf_counter()) > 0:
+            if not self.iopub.poll(int(left * 1000) + 1):
+                return
+            _, frames = self.session.feed_identities(self.iopub.recv_multipart())
+            if self.session.deserialize(frames)["msg_type"] == "iopub_welcome":
+                return
+
+    def close(self) -> None:
+        self.shell.close(linger=0)
+        self.iopub.close(linger=0)
+
+
+class IpykernelFloor:
+    """An ipykernel kernel holding ``mib`` MiB, forked on request (``round()``, ``close()``)."""
+
+    def __init__(self, mib: int, root: str) -> None:
+        from jupyter_client.connect import write_connection_file
+
+        self._root, self._count = root, 0
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        parent_file = os.path.join(root, "parent.json")
+        write_connection_file(parent_file, transport="ipc", ip=os.path.join(root, "p"))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _IPYKERNEL_FLOOR, str(mib), parent_file],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._parent = _Channels(self._ctx, _read_json(parent_file))
+        until = time.perf_counter() + 120  # the array is built before the kernel answers
+        while not self._parent.ask("kernel_info_request", {}, time.perf_counter() + 0.5)[0]:
+            if time.perf_counter() > until or self._proc.poll() is not None:
+                raise RuntimeError("the ipykernel floor's kernel did not start")
+
+    def round(self) -> float:
+        """Seconds from asking the kernel to fork to the child's answer to one block (its
+        kernel_info answered first, as a client checks that a kernel is up)."""
+        from jupyter_client.connect import write_connection_file
+
+        self._count += 1
+        started = time.perf_counter()
+        child_file = os.path.join(self._root, f"child-{self._count}.json")
+        write_connection_file(
+            child_file, transport="ipc", ip=os.path.join(self._root, f"c{self._count}")
+        )
+        forked = {"silent": True, "store_history": False, "code": ""}
+        forked["user_expressions"] = {"pid": f"_fork_floor({child_file!r})"}
+        forked.update(allow_stdin=False, stop_on_error=False)
+        reply, _ = self._parent.ask("execute_request", forked, started + 30)
+        pid = int(reply["content"]["user_expressions"]["pid"]["data"]["text/plain"])
+        info = _read_json(child_file)
+        until = started + 30
+        # Connected once bound (an IPC connect before the bind waits zmq's reconnect interval)
+        for port in ("shell_port", "iopub_port"):
+            while not os.path.exists(f"{info['ip']}-{info[port]}"):
+                if time.perf_counter() > until:
+                    raise RuntimeError("the ipykernel floor's fork did not bind its sockets")
+                time.sleep(0.001)
+        child = _Channels(self._ctx, info)
+        try:
+            child.welcomed(time.perf_counter() + 0.5)
+            while not child.ask("kernel_info_request", {}, min(until, time.perf_counter() + 0.5))[
+                0
+            ]:
+                if time.perf_counter() > until:
+                    raise RuntimeError("the ipykernel floor's fork did not answer")
+            block = {"code": READ, "silent": False, "store_history": True}
+            block.update(user_expressions={}, allow_stdin=False, stop_on_error=True)
+            reply, published = child.ask("execute_request", block, until)
+            elapsed = time.perf_counter() - started
+            text = "".join(m["content"].get("text", "") for m in published)
+            assert reply["content"]["status"] == "ok" and text == "4.0\n", published
+        finally:
+            child.close()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return elapsed
+
+    def close(self) -> None:
+        self._parent.close()
+        self._proc.kill()
+        self._proc.wait(30)
+        self._ctx.destroy(linger=0)
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return dict(json.load(f))
+
+
+def ipykernel_floor_rounds(mib: int, rounds: int) -> list[float]:
+    with TemporaryDirectory() as root:
+        floor = IpykernelFloor(mib, root)
+        try:
+            floor.round()  # the first fork pays for what later ones find ready
+            return [floor.round() for _ in range(rounds)]
+        finally:
+            floor.close()
+
+
 def restore_round(ex: KernelExecutor, snapshot: Any) -> float:
     started = time.perf_counter()
     ex.restore(snapshot)
@@ -189,6 +410,7 @@ def measure(rounds: int, mib: int, kind: str = "fork-kernel") -> dict[str, Any]:
     # Interleaved with the forks' rounds would put a second 1 GiB process beside each fork;
     # measured right after them, in the same run, at (about) the same load.
     floor = statistics.median(floor_rounds(mib, rounds))
+    library_floor = statistics.median(ipykernel_floor_rounds(mib, rounds))
     return {
         "executor": kind,
         "load": os.getloadavg(),
@@ -197,6 +419,7 @@ def measure(rounds: int, mib: int, kind: str = "fork-kernel") -> dict[str, Any]:
         "fork_first_block_p50_s": statistics.median(forks),
         "fork_call_p50_s": statistics.median(calls),
         "floor_fork_first_answer_p50_s": floor,
+        "ipykernel_floor_first_block_p50_s": library_floor,
         "restore_first_block_p50_s": statistics.median(restores),
         "cold_start_rerun_p50_s": statistics.median(colds),
         "child_uss_mib": statistics.median(uss),
@@ -288,20 +511,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--docker-mib", type=int, default=64, help="its array (default 64)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--out", help="also write the rows to this results file (JSON)")
     parser.add_argument("--gateway", help="a gateway's URL: add the fork-via-snapshot row")
     parser.add_argument("--gateway-mib", type=int, default=64, help="its array (default 64)")
     args = parser.parse_args(argv)
     kinds = args.executor or ([] if args.docker else ["fork-kernel"])
+    started, machine = datetime.now(timezone.utc), machine_info()
     reports = [measure(args.n, args.mib, kind) for kind in kinds]
     reports += [docker_measure(rt, args.n, args.docker_mib) for rt in args.docker or []]
     if args.gateway:
         reports[0].update(gateway_measure(args.gateway, args.n, args.gateway_mib))
+    if args.out:
+        _write_results(args.out, vars(args), started, machine, reports)
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:
         for report in reports:
             _print(report)
     return 0
+
+
+def _write_results(
+    path: str,
+    options: dict[str, Any],
+    started: datetime,
+    machine: dict[str, Any],
+    rows: list[dict[str, Any]],
+) -> None:
+    """The run as a results file, in the shape ``kernelexec bench`` writes its own."""
+    results = {
+        "schema": 1,
+        "benchmark": "fork_session",
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine, "load_average_end": list(os.getloadavg())},
+        "config": {k: v for k, v in options.items() if k not in ("json", "out")},
+        "rows": rows,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -325,6 +574,12 @@ def _print(r: dict[str, Any]) -> None:
     print(
         f"  floor: os.fork() of a bare process holding the array to its child's first ZMQ "
         f"answer {floor * 1000:.1f} ms; the fork is {fork / floor:.1f}x the floor"
+    )
+    library = r["ipykernel_floor_first_block_p50_s"]
+    print(
+        f"  ipykernel floor: an ipykernel kernel holding the array, forked, its child rebuilt by "
+        f"ipykernel alone to its first block {library * 1000:.1f} ms; the fork is "
+        f"{fork / library:.1f}x it (it is {library / floor:.1f}x the bare floor)"
     )
     print(f"  restore a live snapshot + block {r['restore_first_block_p50_s'] * 1000:.0f} ms")
     print(f"  cold start + re-run the blocks {r['cold_start_rerun_p50_s'] * 1000:.0f} ms")

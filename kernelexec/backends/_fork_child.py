@@ -9,7 +9,8 @@ undisturbed: no name added, no history, no output. The child, copy-on-write, kee
 whole Python state (every
 variable, import, figure) and builds what is the kernel's own process around it again:
 
-- its cgroup (the host made it) joined first, then a session of its own;
+- its cgroup joined first where the request names one (a session's fork names none: the host
+  moves it once the kernel answered, while it builds the rest), then a session of its own;
 - fresh sockets from the host's new connection file, with a key of their own, fresh threads
   (iopub, control, heartbeat) and a fresh event loop: the parent's are never touched (a socket,
   pipe or event descriptor it shares with the parent is closed here, never used: an epoll set
@@ -38,7 +39,7 @@ def fork(request: dict[str, Any]) -> int:
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
-            stream.flush()
+            _hand_over(stream)
     setup = _compiled(request.get("setup"))  # here: each later fork inherits the code object
     read_end, write_end = os.pipe()
     child = os.fork()
@@ -54,6 +55,21 @@ def fork(request: dict[str, Any]) -> int:
         if not f.read(1):
             raise RuntimeError("the forked kernel's process did not start")
     return child
+
+
+def _hand_over(stream: Any) -> None:
+    """Empty ``stream`` before the fork: what it holds (and what waits in its fd pipe) is
+    queued here for the kernel's iopub thread, in order, as at a request's end, not waited
+    for (a round trip to that thread: 10 ms and more on a loaded machine). The queue is the
+    parent's to send: the child never runs that thread, and its copy of the stream, empty,
+    is never written to. A stream that is not kernelexec's (no drain), or that the iopub
+    thread is sending just now, is flushed as ipykernel does (waiting)."""
+    drain = getattr(stream, "_kx_drain", None)
+    if drain is None or getattr(stream, "_kx_sending", True) or getattr(stream, "_hooks", True):
+        stream.flush()
+        return
+    drain()
+    stream._flush()
 
 
 def _reap(pid: int) -> None:
