@@ -23,7 +23,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
-PAGES = (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "benchmarks.md")
+PAGES = (
+    ROOT / "README.md",
+    ROOT / "docs" / "index.md",
+    ROOT / "docs" / "benchmarks.md",
+    ROOT / "docs" / "branching.md",
+)
+#: ``benchmarks/fork_session.py --out`` runs: the fork table's own results
+FORK_RESULTS_DIR = RESULTS_DIR / "fork-session"
 
 # What each executor row isolates: facts of the back ends, not measurements (docs/security.md).
 _EXECUTORS: tuple[tuple[str, str, str, str], ...] = (
@@ -68,10 +75,10 @@ _WORKLOAD_NAMES = {
 }
 
 
-def newest_results() -> Path:
-    files = sorted(RESULTS_DIR.glob("*.json"))
+def newest_results(folder: Path = RESULTS_DIR) -> Path:
+    files = sorted(folder.glob("*.json"))
     if not files:
-        raise SystemExit(f"no results file in {RESULTS_DIR}: run `kernelexec bench` first")
+        raise SystemExit(f"no results file in {folder}: run the benchmark first")
     return files[-1]
 
 
@@ -185,11 +192,49 @@ def speedups_table(results: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+_FORK_SESSIONS = {
+    "fork-kernel": "fork server (`fork-kernel`)",
+    "sandboxed-kernel": "sandboxed (`sandboxed-kernel`)",
+    "local-kernel": "local kernel (`kernel`)",
+}
+
+
+def fork_table(_results: dict[str, Any], _source: str) -> str:
+    """The fork's speed beside its two floors, from the newest ``fork_session.py --out`` run
+    (a results file of its own: not ``kernelexec bench``'s)."""
+    path = newest_results(FORK_RESULTS_DIR)
+    run = json.loads(path.read_text(encoding="utf-8"))
+    lines = [
+        "| session | fork to first block | of which `fork()` | ipykernel floor | bare floor | "
+        "ours / ipykernel floor | ours / bare floor | target 50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in run["rows"]:
+        ours, ipk = row["fork_first_block_p50_s"], row["ipykernel_floor_first_block_p50_s"]
+        bare = row["floor_fork_first_answer_p50_s"]
+        name = _FORK_SESSIONS.get(row["executor"], f"`{row['executor']}`")
+        lines.append(
+            f"| {name}, {row['array_mib'] / 1024:g} GiB | {_ms(ours)} | "
+            f"{_ms(row['fork_call_p50_s'])} | {_ms(ipk)} | {_ms(bare)} | {ours / ipk:.2f}x | "
+            f"{ours / bare:.1f}x | {'met' if ours <= 0.05 else 'not met'} |"
+        )
+    machine, config = run["machine"], run["config"]
+    load, load_end = machine["load_average"][0], machine["load_average_end"][0]
+    lines += [
+        "",
+        f"From `{path.relative_to(ROOT).as_posix()}`: `benchmarks/fork_session.py`, "
+        f"{config['n']} rounds, {run['started_at'][:10]}, {machine['cpus']} CPUs, load average "
+        f"{load:.1f} at the start and {load_end:.1f} at the end. p50 = median.",
+    ]
+    return "\n".join(lines)
+
+
 _RENDERERS = {
     "executors": executors_table,
     "workloads": workload_tables,
     "targets": targets_table,
     "speedups": speedups_table,
+    "fork": fork_table,
 }
 _BLOCK = re.compile(
     r"(<!-- bench:(?P<name>[a-z]+) -->)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S
