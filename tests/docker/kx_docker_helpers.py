@@ -9,14 +9,14 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import docker
 import pytest
 
-from kernelexec import DockerUnavailable
+from kernelexec import DockerKernel, DockerUnavailable, KernelExecutor
 from kernelexec.backends._docker import LABEL_SESSION
 
 
@@ -167,3 +167,36 @@ def require_runtime(client: docker.DockerClient, runtime: str | None) -> None:
     if os.environ.get("KERNELEXEC_REQUIRE_GVISOR") == "1":
         pytest.fail(f"{problem} (KERNELEXEC_REQUIRE_GVISOR=1, so this is a failure)")
     pytest.skip(problem)
+
+
+#: the runtimes the fork and snapshot tests run under
+FORK_RUNTIMES = ["runc", "runsc"]
+#: a block that plants a link to / and a FIFO in its working folder (again: the old go first)
+PLANT_LINK_AND_FIFO = (
+    "import os\n"
+    "for name in ('root-link', 'pipe'):\n"
+    "    if os.path.lexists(name):\n"
+    "        os.unlink(name)\n"
+    "os.symlink('/', 'root-link')\n"
+    "os.mkfifo('pipe')\n"
+)
+
+
+def forking_backend(runtime: str) -> DockerKernel:
+    """A Docker kernel that may fork: under gVisor every thread of the sandbox counts against
+    pids_limit (see docker_fork)."""
+    return DockerKernel(runtime=runtime, pids_limit=1024 if runtime == "runsc" else None)
+
+
+@contextlib.contextmanager
+def forking_session(client: docker.DockerClient, runtime: str) -> Iterator[KernelExecutor]:
+    """A Docker kernel session that may fork; once closed, no container of it is left (its
+    forks' and snapshots' included)."""
+    require_runtime(client, runtime)
+    backend = forking_backend(runtime)
+    ex = KernelExecutor(backend, timeout=60)
+    try:
+        yield ex
+    finally:
+        ex.close()
+    assert containers_of(client, backend.session) == []

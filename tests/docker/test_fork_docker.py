@@ -17,12 +17,19 @@ from pathlib import Path
 
 import docker
 import pytest
-from kx_docker_helpers import containers_of, require_runtime
+from kx_docker_helpers import (
+    FORK_RUNTIMES,
+    PLANT_LINK_AND_FIFO,
+    containers_of,
+    forking_backend,
+    forking_session,
+    require_runtime,
+)
 
 from kernelexec import ForkUnsupported, KernelExecutor, SessionBusy, SnapshotError
 from kernelexec.backends.docker_kernel import DockerKernel
 
-RUNTIMES = ["runc", "runsc"]
+RUNTIMES = FORK_RUNTIMES
 # A tree of the container's stopped processes (a paused snapshot is one): their pids.
 _STOPPED = (
     "import os\n"
@@ -36,41 +43,22 @@ _STOPPED = (
     "            pass\n"
     "    return found\n"
 )
-_PLANT = (
-    "import os\n"
-    "for name in ('root-link', 'pipe'):\n"
-    "    if os.path.lexists(name):\n"
-    "        os.unlink(name)\n"
-    "os.symlink('/', 'root-link')\n"
-    "os.mkfifo('pipe')\n"
-)
-
-
-def _backend(runtime: str) -> DockerKernel:
-    # Under gVisor every thread of the sandbox counts against pids_limit (see docker_fork).
-    return DockerKernel(runtime=runtime, pids_limit=1024 if runtime == "runsc" else None)
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)
 def session(
     request: pytest.FixtureRequest, docker_client: docker.DockerClient
 ) -> Iterator[KernelExecutor]:
-    require_runtime(docker_client, request.param)
-    backend = _backend(request.param)
-    ex = KernelExecutor(backend, timeout=60)
-    try:
+    with forking_session(docker_client, request.param) as ex:
         assert ex.execute(_STOPPED).ok
         yield ex
-    finally:
-        ex.close()
-    assert containers_of(docker_client, backend.session) == []  # the container and its forks
 
 
 def test_restore_brings_the_snapshot_back_and_follows_no_planted_link(
     session: KernelExecutor,
 ) -> None:
     ex = session
-    assert ex.execute(_PLANT + "x = 1\nopen('a.txt', 'w').write('before')").ok
+    assert ex.execute(PLANT_LINK_AND_FIFO + "x = 1\nopen('a.txt', 'w').write('before')").ok
     started = time.monotonic()
     snap = ex.snapshot()
     took = time.monotonic() - started
@@ -82,7 +70,7 @@ def test_restore_brings_the_snapshot_back_and_follows_no_planted_link(
         pids = ex.execute("print(stopped())").output.strip()
         assert pids != "[]", "the snapshot is a paused process of the container"
         after = "x = 2\nopen('a.txt', 'w').write('after')\nopen('b.txt', 'w').write('new')\n"
-        assert ex.execute(_PLANT + after).ok
+        assert ex.execute(PLANT_LINK_AND_FIFO + after).ok
         ex.restore(snap)
         out = ex.execute(
             "print(x, open('a.txt').read(), os.path.exists('b.txt'), os.getcwd(),"
@@ -157,7 +145,7 @@ def test_a_block_that_kills_its_kernel_costs_only_itself(
     runtime: str, docker_client: docker.DockerClient
 ) -> None:
     require_runtime(docker_client, runtime)
-    backend = _backend(runtime)
+    backend = forking_backend(runtime)
     with KernelExecutor(backend, timeout=60, checkpoint="block") as ex:
         assert ex.execute("x = 1\nopen('kept.txt', 'w').write('1')").ok
         died = ex.execute("x = 2\nimport os\nos._exit(3)")

@@ -18,20 +18,18 @@ from pathlib import Path
 import docker
 import pytest
 from kx_close import host_processes_with, unique_seconds
-from kx_docker_helpers import containers_of, require_runtime
+from kx_docker_helpers import (
+    FORK_RUNTIMES,
+    PLANT_LINK_AND_FIFO,
+    containers_of,
+    forking_backend,
+    forking_session,
+    require_runtime,
+)
 
 from kernelexec import KernelExecutor
-from kernelexec.backends.docker_kernel import DockerKernel
 
-RUNTIMES = ["runc", "runsc"]
-_PLANT = (
-    "import os\n"
-    "for name in ('root-link', 'pipe'):\n"
-    "    if os.path.lexists(name):\n"
-    "        os.unlink(name)\n"
-    "os.symlink('/', 'root-link')\n"
-    "os.mkfifo('pipe')\n"
-)
+RUNTIMES = FORK_RUNTIMES
 # Each try at /kx-branches itself: listing it (the forks' names), planting a link or a FIFO at
 # a name a fork could get, making a folder there.
 _PROBE = (
@@ -47,11 +45,6 @@ _PROBE = (
 )
 
 
-def _backend(runtime: str) -> DockerKernel:
-    # Under gVisor every thread of the sandbox counts against pids_limit (see docker_fork).
-    return DockerKernel(runtime=runtime, pids_limit=1024 if runtime == "runsc" else None)
-
-
 def _kinds(folder: Path) -> dict[str, int]:
     return {p.name: stat.S_IFMT(p.lstat().st_mode) for p in folder.iterdir()}
 
@@ -60,21 +53,15 @@ def _kinds(folder: Path) -> dict[str, int]:
 def session(
     request: pytest.FixtureRequest, docker_client: docker.DockerClient
 ) -> Iterator[KernelExecutor]:
-    require_runtime(docker_client, request.param)
-    backend = _backend(request.param)
-    ex = KernelExecutor(backend, timeout=60)
-    try:
+    with forking_session(docker_client, request.param) as ex:
         yield ex
-    finally:
-        ex.close()
-    assert containers_of(docker_client, backend.session) == []
 
 
 def test_forks_hold_the_state_and_a_copy_of_the_files_and_nothing_planted(
     session: KernelExecutor,
 ) -> None:
     ex = session
-    assert ex.execute(_PLANT + "x = 41\nopen('a.txt', 'w').write('parent')").ok
+    assert ex.execute(PLANT_LINK_AND_FIFO + "x = 41\nopen('a.txt', 'w').write('parent')").ok
     assert ex.execute(_PROBE).output.split() == ["refused"] * 4
     forks = ex.fork(n=3)
     try:
@@ -106,7 +93,7 @@ def test_forks_hold_the_state_and_a_copy_of_the_files_and_nothing_planted(
             "try:\n    os.rename(os.getcwd(), '/kx-branches/mine')\n"
             "except PermissionError:\n    print('refused')\n"
         )
-        assert first.execute(_PLANT + rename).output.strip() == "refused"
+        assert first.execute(PLANT_LINK_AND_FIFO + rename).output.strip() == "refused"
         assert first.execute(_PROBE).output.split() == ["refused"] * 4
         # A fork's own snapshot, restored, works in the fork's folder still.
         snap = first.snapshot()
@@ -136,7 +123,7 @@ def test_the_container_lives_until_the_last_of_the_session_and_its_forks_closes(
     runtime: str, docker_client: docker.DockerClient
 ) -> None:
     require_runtime(docker_client, runtime)
-    backend = _backend(runtime)
+    backend = forking_backend(runtime)
     marker = unique_seconds()
     ex = KernelExecutor(backend, timeout=60)
     forks: list[KernelExecutor] = []
