@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kx_containment import our_cgroups
+from kx_containment import SEEN_AFTER, describe_cgroups, our_cgroups
 from kx_xdist import group_weight, xdist_group
 
 # Folder name -> marker (each declared in pyproject.toml; --strict-markers is on).
@@ -65,12 +65,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # Cgroups this test process made and never removed, each with the test after which it was first
 # seen: a test that checks "none of ours is left" fails for another file's leftover otherwise
 # (seen in CI: a late, small file in a worker). Reported at the end of each worker's run.
-_CGROUP_SEEN_AFTER: dict[str, str] = {}
-
-
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
     for path in our_cgroups():
-        _CGROUP_SEEN_AFTER.setdefault(path.name, nodeid)
+        SEEN_AFTER.setdefault(path.name, nodeid)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -78,8 +75,8 @@ def no_cgroup_left_behind() -> Iterator[None]:
     """Torn down last: every cgroup the run's executors made is gone (an error at the teardown
     of the worker's last test names the test that left it)."""
     yield
-    left = {p.name: _CGROUP_SEEN_AFTER.get(p.name, "?") for p in our_cgroups()}
-    assert not left, f"cgroups left behind (name: first seen after): {left}"
+    left = our_cgroups()
+    assert not left, f"cgroups left behind:\n{describe_cgroups(left)}"
 
 
 InterruptOnMarker = Callable[[Any, str], threading.Thread]

@@ -71,6 +71,10 @@ def gone_within(pid: int, seconds: float = 10.0) -> bool:
     return not running(pid)
 
 
+#: cgroup name -> the test after which it was first seen (filled by conftest after each test)
+SEEN_AFTER: dict[str, str] = {}
+
+
 def our_cgroups() -> list[Path]:
     """The cgroups this test process's executors made and have not removed."""
     found: list[Path] = []
@@ -79,6 +83,25 @@ def our_cgroups() -> list[Path]:
         if parent is not None:
             found += parent.glob(f"kernelexec-{os.getpid()}-*")
     return found
+
+
+def describe_cgroups(paths: list[Path]) -> str:
+    """Where each cgroup came from and what holds it: for the message of a failed check."""
+    lines = []
+    for path in paths:
+        members = []
+        for pid in sorted(_containment._members(path)):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                cmd, state = b"?", "?"
+            members.append(f"{pid} {state} {cmd.decode(errors='replace')}")
+        lines.append(
+            f"{path}: first seen after {SEEN_AFTER.get(path.name, '?')}; removal pending: "
+            f"{path in _containment._PENDING}; members: {members or 'none'}"
+        )
+    return "\n".join(lines)
 
 
 def mechanisms() -> list[Any]:

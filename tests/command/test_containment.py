@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from kx_containment import (
     ESCAPES,
+    describe_cgroups,
     escape_block,
     gone_within,
     kill_leftover,
@@ -42,7 +43,8 @@ def ex(
     work = tmp_path_factory.mktemp("work")
     with CommandLineExecutor(backend=backend, work_dir=work, timeout=30) as executor:
         yield executor
-    assert our_cgroups() == []  # the executor's cgroup is removed when it closes
+    left = our_cgroups()
+    assert left == [], describe_cgroups(left)  # the executor's cgroup is removed at close
 
 
 def held_by_our_cgroups() -> set[int]:

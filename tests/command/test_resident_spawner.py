@@ -10,7 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kx_containment import escape_block, gone_within, kill_leftover, our_cgroups, running
+from kx_containment import (
+    describe_cgroups,
+    escape_block,
+    gone_within,
+    kill_leftover,
+    our_cgroups,
+    running,
+)
 
 from kernelexec import BackendUnavailable, CommandLineExecutor
 from kernelexec.backends import _containment
@@ -63,7 +70,8 @@ def test_every_block_is_born_in_the_one_cgroup_of_its_executor(ex: CommandLineEx
     assert spawner is not None and running(spawner.pid)
     ex.close()
     assert gone_within(spawner.pid)
-    assert our_cgroups() == []
+    left = our_cgroups()
+    assert left == [], describe_cgroups(left)
 
 
 def test_a_block_that_kills_the_spawner_still_loses_what_it_started(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from kx_containment import (
     ESCAPES,
+    describe_cgroups,
     escape_block,
     gone_within,
     kill_leftover,
@@ -85,7 +86,8 @@ def test_restart_and_close_leave_nothing_running(
         pidfiles = start_all(ex, tmp_path / "before-close")
         ex.close()
         assert_all_gone(pidfiles, mechanism, "close()")
-        assert our_cgroups() == []
+        left = our_cgroups()
+        assert left == [], describe_cgroups(left)
     finally:
         for pidfile in [*pidfiles.values(), *timed_out.values()]:
             kill_leftover(pidfile)
