@@ -17,6 +17,7 @@ rebuilds on its own when the file does not fit, as it would with no list at all.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -56,8 +57,14 @@ def _root() -> Path:
 
 def _folder_for(python: str) -> Path:
     """One folder per interpreter (its real path, and its matplotlib's when it is this one)."""
+    return _root() / _key(python)
+
+
+@functools.cache
+def _key(python: str) -> str:
+    """Worked out once per process: a sandboxed command asks before every block."""
     real = os.path.realpath(shutil.which(python) or python)
-    return _root() / hashlib.sha256(f"{real}\0{_matplotlib_stamp(real)}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{real}\0{_matplotlib_stamp(real)}".encode()).hexdigest()[:16]
 
 
 def _matplotlib_stamp(real: str) -> str:

@@ -186,9 +186,8 @@ class SandboxForkedKernel(ForkedKernel):
         self._oom = oom_kills(found)
         mechanism = _containment.mechanism()
         if mechanism.startswith("cgroup"):
-            self._jail = jail = _containment.make_jail(mechanism)
-            if jail.procs_file is not None:
-                jail.procs_file.write_text(str(found), encoding="ascii")
+            self._jail = _containment.make_jail(mechanism)
+            _join(self._jail, found)
 
     async def _fork_and_connect(self, deadline: float) -> None:
         await super()._fork_and_connect(deadline)
